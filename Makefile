@@ -1,0 +1,69 @@
+# Statekeeper: `make demo` and `make test` work on a fresh machine with only Python 3.11+ and Java 17.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+UV     := $(VENV)/bin/uv
+UV_VERSION := 0.13.8
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean browser airflow
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/overrides.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Statekeeper needs Python 3.11+, found " + sys.version.split()[0]'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+	$(UV) pip install --python $(PY) --override requirements/overrides.txt -e '.[dev]'
+	@touch $(STAMP)
+
+demo: install
+	$(PY) -m state_engine.demo
+
+test: install browser
+	$(PY) -m pytest
+
+# The browser test (tests/airflow/test_plugin_browser.py) drives Debian's headless Chromium. As
+# root with apt-get, a missing chromium is installed; otherwise this only says how, and the test
+# skips (under CI=true it fails instead).
+browser:
+	@if command -v chromium >/dev/null 2>&1 || [ -n "$$CHROMIUM" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium (apt) for the browser test"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+			|| echo "warning: could not install chromium; the browser test will skip (fail under CI=true)"; \
+	else \
+		echo "note: chromium is missing and installing it needs root: sudo apt-get install -y chromium;"; \
+		echo "      until then the browser test skips (and fails under CI=true)"; \
+	fi
+
+# Airflow on the embedded defaults: one process tree (`airflow standalone`: scheduler, DAG
+# processor, triggerer, API server) on SQLite under .statekeeper/airflow. Ctrl-C stops it.
+# PATH: standalone starts its components as `airflow ...` subprocesses.
+AIRFLOW_PORT ?= 8080
+SK_HOME      := $(CURDIR)/.statekeeper
+AIRFLOW_ENV  := STATEKEEPER_HOME=$(SK_HOME) AIRFLOW_HOME=$(SK_HOME)/airflow \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__API__BASE_URL=http://localhost:$(AIRFLOW_PORT) PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+
+airflow: install
+	@mkdir -p $(SK_HOME)/airflow
+	STATEKEEPER_HOME=$(SK_HOME) $(VENV)/bin/statectl catalog upgrade
+	@echo ""
+	@echo "Airflow UI:  http://localhost:$(AIRFLOW_PORT)/  (Statekeeper pages: Browse > Statekeeper,"
+	@echo "             or http://localhost:$(AIRFLOW_PORT)/statekeeper/)"
+	@echo "Login:       user admin; the password is generated on first start into"
+	@echo "             $(SK_HOME)/airflow/simple_auth_manager_passwords.json.generated"
+	@echo "Stop:        Ctrl-C"
+	@echo ""
+	$(AIRFLOW_ENV) exec $(VENV)/bin/airflow standalone
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+
+clean:
+	rm -rf $(VENV) .statekeeper .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,95 @@
+"""Rescale one job's state to a new parallelism, triggered by hand from the Airflow UI's form."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from airflow.sdk import Param, dag
+from statekeeper_airflow.operators import StatekeeperJobOperator
+
+MAX_PARALLELISM = 32768  # Flink's upper bound on max parallelism (and so on parallelism)
+
+DOC = """
+### Statekeeper rescale
+
+Triggered by hand (**Trigger** in the UI shows a form). The `rescale` Spark job makes a
+completed snapshot of `job` restorable at `parallelism`:
+
+- at the same max parallelism nothing is rewritten: the new checkpoint is a new `_metadata`
+  (and catalog entry) over the existing files, each new subtask reading its key-group range;
+- with a new `max_parallelism` every row is re-bucketed by its key hash into a new canonical
+  savepoint (no key is deserialized).
+
+Operator state is redistributed (SPLIT lists evenly, UNION lists whole, BROADCAST copied).
+The run is recorded in the catalog with this DAG's id and run id; the new snapshot is an asset
+event on `statekeeper://<job>/snapshots`. The form refuses a parallelism outside 1..32768; a
+parallelism above the (new) max parallelism, or a job or snapshot the catalog does not know,
+fails the task at once with the reason, recorded FAILED in the catalog.
+Spark runs in-process (`local[*]`) unless the `spark_default` connection names a cluster.
+
+**Params**
+- `job`: the job to rescale (required).
+- `parallelism`: the new parallelism, 1..32768 (required).
+- `max_parallelism`: a new max parallelism, 1..32768; empty keeps the job's.
+- `source_snapshot`: the snapshot id to rescale; empty: the job's latest completed snapshot.
+"""
+
+
+@dag(
+    dag_id="statekeeper_rescale",
+    schedule=None,
+    start_date=datetime(2025, 1, 1, tzinfo=UTC),
+    catchup=False,
+    tags=["statekeeper", "operations", "rescale"],
+    default_args={"owner": "statekeeper", "retries": 1, "retry_delay": timedelta(minutes=2)},
+    doc_md=DOC,
+    # keeps "{{ params.parallelism }}" an int (and an empty param None) instead of its text
+    render_template_as_native_obj=True,
+    params={
+        "job": Param(
+            type="string",
+            minLength=1,
+            title="Job",
+            description="Name of the Statekeeper job to rescale (as listed by `statectl jobs`).",
+        ),
+        "parallelism": Param(
+            type="integer",
+            minimum=1,
+            maximum=MAX_PARALLELISM,
+            title="New parallelism",
+            description="Number of subtasks the job will restore with (1 to 32768, at most the "
+            "max parallelism).",
+        ),
+        "max_parallelism": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            maximum=MAX_PARALLELISM,
+            title="New max parallelism",
+            description="Number of key groups (1 to 32768). Leave empty to keep the job's; a new "
+            "value rewrites the state into a new savepoint.",
+        ),
+        "source_snapshot": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Source snapshot",
+            description="Id of the completed snapshot to rescale; leave empty for the job's "
+            "latest completed snapshot.",
+        ),
+    },
+)
+def statekeeper_rescale() -> None:
+    StatekeeperJobOperator(
+        task_id="rescale",
+        maintenance="rescale",
+        job="{{ params.job }}",
+        job_params={
+            "snapshot": "{{ params.source_snapshot }}",
+            "parallelism": "{{ params.parallelism }}",
+            "max_parallelism": "{{ params.max_parallelism }}",
+        },
+    )
+
+
+statekeeper_rescale()

@@ -1,0 +1,59 @@
+"""Alembic environment of the Statekeeper catalog.
+
+Run through :mod:`state_engine.catalog.migrate` (``statectl catalog upgrade``), which hands over an
+open connection; the ``alembic`` command line works too, with ``sqlalchemy.url`` or
+``STATEKEEPER_CATALOG_URL`` naming the database.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+
+from state_engine.catalog.engine import make_engine
+from state_engine.catalog.migrate import VERSION_TABLE
+from state_engine.catalog.models import Base
+from state_engine.config import Settings
+
+config = context.config
+
+
+def _configure(**kwargs: object) -> None:
+    context.configure(
+        target_metadata=Base.metadata,
+        version_table=VERSION_TABLE,
+        # SQLite cannot ALTER most things in place; batch mode rebuilds the table instead.
+        render_as_batch=True,
+        compare_type=True,
+        **kwargs,
+    )
+
+
+def run_offline() -> None:
+    url = config.get_main_option("sqlalchemy.url") or Settings.from_env().catalog_url
+    _configure(url=url, literal_binds=True, dialect_opts={"paramstyle": "named"})
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection=connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    url = config.get_main_option("sqlalchemy.url") or Settings.from_env().catalog_url
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            _configure(connection=conn)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,82 @@
+"""The plugin's FastAPI app: the catalog API under ``/api`` and the pages at ``/``.
+
+Catalog errors become HTTP answers: an unknown job or snapshot is 404, a bad filter 400, a
+catalog that is unreachable or not at head 503. Each carries the catalog's own message, which
+says what to do (e.g. run ``statectl catalog upgrade``). The API answers JSON, pages HTML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, status
+from fastapi.responses import JSONResponse, Response
+
+from state_engine.errors import (
+    CatalogUnreachable,
+    CatalogVersionMismatch,
+    ConfigurationError,
+    InvalidCatalogInput,
+    NotFound,
+)
+from statekeeper_airflow import api, pages
+from statekeeper_airflow.catalog_access import CatalogHolder
+
+ERROR_STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (NotFound, status.HTTP_404_NOT_FOUND),
+    (InvalidCatalogInput, status.HTTP_400_BAD_REQUEST),
+    (CatalogVersionMismatch, status.HTTP_503_SERVICE_UNAVAILABLE),
+    (CatalogUnreachable, status.HTTP_503_SERVICE_UNAVAILABLE),
+    (ConfigurationError, status.HTTP_503_SERVICE_UNAVAILABLE),
+)
+
+
+def app_path(request: Request) -> str:
+    return request.url.path.removeprefix(request.scope.get("root_path", ""))
+
+
+def is_api(request: Request) -> bool:
+    return app_path(request).startswith("/api/")
+
+
+def root_of(request: Request) -> str:
+    """The relative path from the requested page back to the app's root ("../" per level).
+
+    Counted on the raw path: a job name's encoded "/" (%2F) is not a level.
+    """
+    raw = request.scope.get("raw_path", request.url.path.encode()).decode("latin-1")
+    root_path = request.scope.get("root_path", "")
+    depth = raw.split("?", 1)[0].removeprefix(root_path).count("/") - 1
+    return "../" * max(depth, 0)
+
+
+def create_app(catalogs: CatalogHolder | None = None) -> FastAPI:
+    holder = catalogs or CatalogHolder()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        holder.close()
+
+    app = FastAPI(
+        title="Statekeeper catalog",
+        description="Jobs, snapshots, files, key-group skew and maintenance runs of Statekeeper.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.catalogs = holder
+    app.include_router(api.router)
+    app.include_router(pages.router)
+
+    for error, code in ERROR_STATUS:
+
+        def handle(request: Request, exc: Exception, code: int = code) -> Response:
+            if is_api(request):
+                return JSONResponse({"detail": str(exc)}, status_code=code)
+            return pages.error_page(code, str(exc), root=root_of(request))
+
+        app.add_exception_handler(error, handle)
+    return app

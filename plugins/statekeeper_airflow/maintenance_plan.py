@@ -1,0 +1,86 @@
+"""What the scheduled DAGs decide from the catalog before they start any Spark work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from state_engine.catalog import Catalog, SnapshotRecord
+from state_engine.checkpoint.metadata import SnapshotFormat, read_metadata
+
+
+@dataclass(frozen=True)
+class DeltaChain:
+    """The latest COMPLETED snapshot of a job and how many deltas rest on its full base."""
+
+    job: str
+    latest_id: int | None
+    deltas: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "latest_snapshot_id": self.latest_id, "deltas": self.deltas}
+
+
+def delta_chain(catalog: Catalog, job: str) -> DeltaChain:
+    """Count the DELTA snapshots from the job's latest COMPLETED one back to its full base.
+
+    A heap-incremental checkpoint names its parent; the base of a chain has none (it may still
+    be recorded in the DELTA format: a full delta). A canonical snapshot (e.g. compaction's
+    output) ends the chain: nothing rests on it as a delta.
+    """
+    latest = catalog.latest_snapshot(job)
+    if latest is None:
+        return DeltaChain(job, None, 0)
+    deltas = 0
+    current: SnapshotRecord | None = latest
+    seen: set[int] = set()
+    while (
+        current is not None
+        and current.format == str(SnapshotFormat.DELTA)
+        and current.parent_id is not None
+        and current.id not in seen
+    ):
+        seen.add(current.id)
+        deltas += 1
+        current = catalog.get_snapshot(current.parent_id)
+    return DeltaChain(job, latest.id, deltas)
+
+
+def has_active_ttl(record: SnapshotRecord) -> bool:
+    """Whether any state in the snapshot's ``_metadata`` has a TTL that is not disabled."""
+    meta = read_metadata(record.location)
+    for op in meta.operators:
+        for info in op.states.values():
+            ttl = info.get("ttl") if isinstance(info, dict) else None
+            if ttl and ttl.get("update_type") != "DISABLED":
+                return True
+    return False
+
+
+def ttl_plan(catalog: Catalog) -> dict[str, Any]:
+    """Every job's latest COMPLETED snapshot that a TTL cleanup can work on, and why others not.
+
+    ``targets``: ``{"job", "snapshot"}`` per job to clean. ``skipped``: ``{"job", "reason"}``.
+    """
+    targets: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    latest = {s.job: s for s in catalog.latest_snapshots()}
+    for job in catalog.list_jobs():
+        record = latest.get(job.name)
+        if record is None:
+            skipped.append({"job": job.name, "reason": "no COMPLETED snapshot"})
+        elif record.format != str(SnapshotFormat.CANONICAL):
+            skipped.append(
+                {
+                    "job": job.name,
+                    "reason": f"latest snapshot {record.id} is {record.format}: the maintenance "
+                    "DAG's compaction turns it canonical first",
+                }
+            )
+        elif not has_active_ttl(record):
+            skipped.append(
+                {"job": job.name, "reason": f"snapshot {record.id} has no state with a TTL"}
+            )
+        else:
+            targets.append({"job": job.name, "snapshot": record.id})
+    return {"targets": targets, "skipped": skipped}

@@ -1,0 +1,395 @@
+"""Server-rendered pages: the jobs, a job, a snapshot, the maintenance history.
+
+Plain HTML with inline CSS and SVG (see ``markup`` and ``charts``), rendered inside the Airflow
+UI's iframe (the "Statekeeper" navigation entry) or opened directly. Tables are paged in the
+database; ``offset`` and ``limit`` are query parameters, as in the API.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+from html import escape
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import HTMLResponse
+
+from state_engine.catalog import (
+    JobRecord,
+    Page,
+    RunRecord,
+    SizePoint,
+    SnapshotFileRecord,
+    SnapshotRecord,
+)
+from statekeeper_airflow.api import MAX_LIMIT, CatalogDep, Offset
+from statekeeper_airflow.auth import page_user
+from statekeeper_airflow.charts import Series, histogram, line_chart
+from statekeeper_airflow.markup import (
+    Window,
+    human_age,
+    human_bytes,
+    human_duration,
+    job_href,
+    link,
+    number,
+    page,
+    pager,
+    snapshot_href,
+    status_badge,
+    table,
+    timestamp,
+)
+
+router = APIRouter(dependencies=[Depends(page_user)], include_in_schema=False)
+
+PAGE_LIMIT = 25
+# The chart shows this many of the newest completed snapshots: enough for a trend, and the SVG
+# stays small however long the job has run.
+CHART_SNAPSHOTS = 200
+PageLimit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="rows per page")]
+
+
+def error_page(status_code: int, message: str, *, root: str = "") -> HTMLResponse:
+    """The page for a catalog error; ``root`` leads from the failed URL back to the app."""
+    heading = "not found" if status_code == 404 else "error"
+    body = (
+        f"<h1>Statekeeper: {heading}</h1>"
+        f'<div class="error">{escape(message)}</div>'
+        f'<p class="sub">See {link(root or "./", "all jobs")} or '
+        f"{link(f'{root}runs', 'the maintenance runs')}.</p>"
+    )
+    return page(f"Statekeeper: {heading}", body, root=root, status_code=status_code)
+
+
+def window(result: Page[object], limit: int) -> Window:
+    return Window(result.total, result.offset, limit, len(result.items))
+
+
+# --- jobs ---
+
+
+def jobs_rows(jobs: list[JobRecord], latest: dict[str, SnapshotRecord], now: datetime) -> list[str]:
+    rows = []
+    for job in jobs:
+        snap = latest.get(job.name)
+        if snap is None or snap.completed_at is None:
+            last = '<td colspan="5" class="none">no completed snapshot</td>'
+        else:
+            last = (
+                f'<td class="num">{link(snapshot_href("", snap.id), str(snap.checkpoint_id))}</td>'
+                f"<td>{escape(snap.kind.lower())}</td>"
+                f'<td class="num">{snap.parallelism}</td>'
+                f'<td class="num">{escape(human_bytes(snap.bytes))}</td>'
+                f'<td title="{escape(snap.completed_at.isoformat())}">'
+                f"{escape(human_age(snap.completed_at, now))}</td>"
+            )
+        rows.append(
+            f'<tr><td class="job">{link(job_href("", job.name), job.name)}</td>'
+            f"<td class='num'>{job.max_parallelism}</td>{last}</tr>"
+        )
+    return rows
+
+
+@router.get("/", response_class=HTMLResponse)
+def jobs_overview(
+    catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
+) -> HTMLResponse:
+    jobs = catalog.jobs_page(limit=limit, offset=offset)
+    latest = {snap.job: snap for snap in catalog.latest_snapshots()}
+    count = f"{jobs.total} job{'s' if jobs.total != 1 else ''}"
+    headers = [
+        ("Job", False),
+        ("Max parallelism", True),
+        ("Latest checkpoint", True),
+        ("Kind", False),
+        ("Parallelism", True),
+        ("State size", True),
+        ("Completed", False),
+    ]
+    body = (
+        "<h1>Statekeeper: jobs</h1>"
+        f'<p class="sub">{count} in the catalog; the latest completed snapshot of each.</p>'
+        + table(
+            headers,
+            jobs_rows(jobs.items, latest, datetime.now(UTC)),
+            empty="No jobs in the catalog yet. A job appears here when it registers with the "
+            "catalog (its first checkpoint does that).",
+        )
+        + pager(window(jobs, limit), {}, noun="jobs")
+    )
+    return page("Statekeeper: jobs", body)
+
+
+# --- a job ---
+
+
+def size_series(points: list[SizePoint]) -> list[Series]:
+    """The job's total state size per snapshot, and one line per operator when there are several."""
+    totals: dict[int, tuple[datetime, float]] = {}
+    per_operator: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+    for p in points:
+        if p.completed_at is None:
+            continue
+        at, total = totals.get(p.snapshot_id, (p.completed_at, 0.0))
+        totals[p.snapshot_id] = (at, total + p.bytes)
+        if p.operator is not None:
+            per_operator[p.operator].append((p.completed_at, float(p.bytes)))
+    series = [Series("total", sorted(totals.values()))]
+    if 1 < len(per_operator) <= 5:
+        series += [Series(op, pts) for op, pts in sorted(per_operator.items())]
+    return series
+
+
+def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
+    return [
+        "<tr>"
+        f'<td class="num">{link(snapshot_href(root, s.id), str(s.id))}</td>'
+        f'<td class="num">{s.checkpoint_id}</td>'
+        f"<td>{escape(s.kind.lower())}</td><td>{escape(s.format.lower())}</td>"
+        f"<td>{status_badge(s.status)}</td>"
+        f'<td class="num">{s.parallelism}</td>'
+        f"{number(s.bytes, as_bytes=True)}{number(s.entries)}"
+        f"<td>{timestamp(s.completed_at)}</td>"
+        "</tr>"
+        for s in snapshots
+    ]
+
+
+@router.get("/jobs/{job:path}", response_class=HTMLResponse)
+def job_page(
+    job: str, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
+) -> HTMLResponse:
+    root = "../"
+    record = catalog.get_job(job)
+    snapshots = catalog.snapshots_page(job, limit=limit, offset=offset)
+    history = catalog.state_size_history(job, limit=CHART_SNAPSHOTS)
+    series = size_series(history)
+    shown = len(series[0].points)
+    chart = line_chart(
+        series,
+        element_id="size-chart",
+        title=f"State size of {job} over time",
+        y_label=human_bytes,
+        binary=True,
+    )
+    runs_href = f"{root}runs?{urlencode({'job': record.name})}"
+    facts = (
+        '<dl class="facts">'
+        f"<dt>Max parallelism</dt><dd>{record.max_parallelism}</dd>"
+        f"<dt>Location</dt><dd>{escape(record.location or '-')}</dd>"
+        f"<dt>Registered</dt><dd>{timestamp(record.created_at)}</dd>"
+        f"<dt>Maintenance</dt><dd>{link(runs_href, 'runs of this job')}</dd>"
+        "</dl>"
+    )
+    headers = [
+        ("Snapshot", True),
+        ("Checkpoint", True),
+        ("Kind", False),
+        ("Format", False),
+        ("Status", False),
+        ("Parallelism", True),
+        ("Bytes", True),
+        ("Entries", True),
+        ("Completed at", False),
+    ]
+    body = (
+        f"<h1>Job {escape(record.name)}</h1>{facts}"
+        f"<h2>State size over time</h2>"
+        f'<p class="sub">All files each completed snapshot references, the newest {shown} '
+        f"snapshot{'s' if shown != 1 else ''}.</p>{chart}"
+        "<h2>Snapshots</h2>"
+        + table(headers, snapshot_rows(snapshots.items, root), empty="No snapshots on this page.")
+        + pager(window(snapshots, limit), {}, noun="snapshots")
+    )
+    return page(f"Statekeeper: job {record.name}", body, root=root)
+
+
+# --- a snapshot ---
+
+
+def file_rows(files: list[SnapshotFileRecord]) -> list[str]:
+    rows = []
+    for f in files:
+        kg = (
+            "-"
+            if f.key_group_start is None
+            else f"{f.key_group_start}-{f.key_group_end}"
+            if f.key_group_end != f.key_group_start
+            else str(f.key_group_start)
+        )
+        rows.append(
+            f'<tr><td class="path">{escape(f.path)}</td>{number(f.size, as_bytes=True)}'
+            f"<td>{'shared' if f.shared else 'exclusive'}</td>"
+            f"<td>{escape(f.operator or '-')}</td>"
+            f'<td class="num">{"-" if f.subtask is None else f.subtask}</td>'
+            f'<td class="num">{kg}</td></tr>'
+        )
+    return rows
+
+
+def skew_section(catalog: CatalogDep, snapshot: SnapshotRecord) -> str:
+    skews = catalog.key_group_skew(snapshot.id)
+    if not skews:
+        return '<p class="none">No key-group statistics were recorded for this snapshot.</p>'
+    rows_by_operator: dict[str, list[int]] = defaultdict(lambda: [0] * snapshot.max_parallelism)
+    for stat in catalog.key_group_stats(snapshot.id):
+        if 0 <= stat.key_group < snapshot.max_parallelism:
+            rows_by_operator[stat.operator][stat.key_group] = stat.rows
+    parts = []
+    for n, skew in enumerate(skews):
+        figure = "-" if skew.skew is None else f"{skew.skew:.2f}"
+        parts.append(
+            f"<h3>Operator {escape(skew.operator)}</h3>"
+            f'<p>Skew (max / mean rows per key group): <span class="figure skew">{figure}</span>'
+            f" &middot; max {skew.max_rows:,} rows, mean {skew.mean_rows:,.1f} over "
+            f"{skew.key_groups:,} key groups ({skew.recorded_key_groups:,} recorded), "
+            f"{skew.total_rows:,} rows in all</p>"
+            + histogram(
+                rows_by_operator[skew.operator],
+                mean=skew.mean_rows,
+                element_id=f"skew-chart-{n}",
+                title=f"Rows per key group of {skew.operator}",
+            )
+        )
+    return "".join(parts)
+
+
+@router.get("/snapshots/{snapshot_id}", response_class=HTMLResponse)
+def snapshot_page(
+    snapshot_id: int, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
+) -> HTMLResponse:
+    root = "../"
+    snap = catalog.get_snapshot(snapshot_id)
+    summary = catalog.snapshot_files_summary(snapshot_id)
+    files = catalog.snapshot_files_page(snapshot_id, limit=limit, offset=offset)
+    parent = (
+        "-"
+        if snap.parent_id is None
+        else link(snapshot_href(root, snap.parent_id), str(snap.parent_id))
+    )
+    facts = (
+        '<dl class="facts">'
+        f"<dt>Job</dt><dd>{link(job_href(root, snap.job), snap.job)}</dd>"
+        f"<dt>Checkpoint</dt><dd>{snap.checkpoint_id}</dd>"
+        f"<dt>Kind, format</dt><dd>{escape(snap.kind.lower())}, {escape(snap.format.lower())}</dd>"
+        f"<dt>Status</dt><dd>{status_badge(snap.status)}</dd>"
+        f"<dt>Parallelism</dt><dd>{snap.parallelism} of max {snap.max_parallelism}</dd>"
+        f"<dt>Parent</dt><dd>{parent}</dd>"
+        f"<dt>Location</dt><dd>{escape(snap.location)}</dd>"
+        f"<dt>Size</dt><dd>{escape(human_bytes(snap.bytes))}, {snap.entries:,} entries</dd>"
+        f"<dt>Files</dt><dd>{summary.files:,} files of {escape(human_bytes(summary.bytes))} "
+        f"({summary.shared_files:,} shared, {escape(human_bytes(summary.shared_bytes))}); "
+        f"{summary.references:,} references</dd>"
+        f"<dt>Created</dt><dd>{timestamp(snap.created_at)}</dd>"
+        f"<dt>Completed</dt><dd>{timestamp(snap.completed_at)}</dd>"
+        + (f"<dt>Error</dt><dd>{escape(snap.error)}</dd>" if snap.error else "")
+        + "</dl>"
+    )
+    headers = [
+        ("Path", False),
+        ("Size", True),
+        ("Sharing", False),
+        ("Operator", False),
+        ("Subtask", True),
+        ("Key groups", True),
+    ]
+    body = (
+        f"<h1>Snapshot {snap.id}: {escape(snap.job)} checkpoint {snap.checkpoint_id}</h1>{facts}"
+        "<h2>Key-group skew</h2>"
+        + skew_section(catalog, snap)
+        + "<h2>Files</h2>"
+        + table(headers, file_rows(files.items), empty="This snapshot references no files.")
+        + pager(window(files, limit), {}, noun="file references")
+    )
+    return page(f"Statekeeper: snapshot {snap.id}", body, root=root)
+
+
+# --- maintenance history ---
+
+
+def run_rows(runs: list[RunRecord]) -> list[str]:
+    rows = []
+    for r in runs:
+        seconds = None if r.finished_at is None else (r.finished_at - r.started_at).total_seconds()
+        airflow = (
+            '<span class="none">-</span>'
+            if r.dag_id is None
+            else f"{escape(r.dag_id)}<br><small>{escape(r.airflow_run_id or '')}</small>"
+        )
+        snapshots = " &rarr; ".join(
+            link(snapshot_href("", sid), str(sid)) if sid is not None else "-"
+            for sid in (r.input_snapshot_id, r.output_snapshot_id)
+        )
+        rows.append(
+            f"<tr><td>{escape(r.run_id)}</td><td>{escape(r.kind)}</td>"
+            f"<td>{link(job_href('', r.job), r.job) if r.job else '-'}</td>"
+            f"<td>{status_badge(r.status)}</td><td>{timestamp(r.started_at)}</td>"
+            f'<td class="num">{escape(human_duration(seconds))}</td>'
+            f"{number(r.rows_in)}{number(r.rows_out)}"
+            f"{number(r.bytes_in, as_bytes=True)}{number(r.bytes_out, as_bytes=True)}"
+            f"<td>{snapshots}</td><td>{airflow}</td>"
+            f'<td class="error-text">{escape(r.error or "")}</td></tr>'
+        )
+    return rows
+
+
+def options(values: list[str], chosen: str | None, everything: str) -> str:
+    opts = [f'<option value="">{escape(everything)}</option>']
+    for value in values:
+        selected = " selected" if value == chosen else ""
+        opts.append(f'<option value="{escape(value)}"{selected}>{escape(value)}</option>')
+    return "".join(opts)
+
+
+RUN_KINDS = ["compaction", "savepoint", "ttl_cleanup", "rescale", "expire", "orphan_cleanup"]
+RUN_STATUSES = ["RUNNING", "SUCCEEDED", "FAILED"]
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(
+    catalog: CatalogDep,
+    limit: PageLimit = PAGE_LIMIT,
+    offset: Offset = 0,
+    job: str | None = None,
+    kind: str | None = None,
+    status: str | None = None,
+) -> HTMLResponse:
+    job, kind, status = job or None, kind or None, status or None  # the form sends "" for "all"
+    runs = catalog.runs_page(job=job, kind=kind, status=status, limit=limit, offset=offset)
+    jobs = [j.name for j in catalog.list_jobs()]
+    kinds = sorted({*RUN_KINDS, *([kind] if kind else [])})
+    form = (
+        '<form class="filter" method="get">'
+        f'<label>Job<select name="job">{options(jobs, job, "all jobs")}</select></label>'
+        f'<label>Kind<select name="kind">{options(kinds, kind, "all kinds")}</select></label>'
+        f'<label>Status<select name="status">{options(RUN_STATUSES, status, "any status")}'
+        '</select></label><button type="submit">Filter</button></form>'
+    )
+    headers = [
+        ("Run", False),
+        ("Kind", False),
+        ("Job", False),
+        ("Status", False),
+        ("Started", False),
+        ("Duration", True),
+        ("Rows in", True),
+        ("Rows out", True),
+        ("Bytes in", True),
+        ("Bytes out", True),
+        ("Snapshots in/out", False),
+        ("Airflow DAG / run", False),
+        ("Error", False),
+    ]
+    scope = f" of job {escape(job)}" if job else ""
+    body = (
+        f"<h1>Maintenance runs{scope}</h1>"
+        '<p class="sub">Compaction, savepoints, TTL cleanup, rescales, expiry and orphan cleanup, '
+        "newest first.</p>"
+        + form
+        + table(headers, run_rows(runs.items), empty="No maintenance runs match.")
+        + pager(window(runs, limit), {"job": job, "kind": kind, "status": status}, noun="runs")
+    )
+    return page("Statekeeper: maintenance runs", body)

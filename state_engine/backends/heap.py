@@ -1,0 +1,1281 @@
+"""The heap keyed state backend: deserialized objects in plain dicts, one dict per key group.
+
+Layout: per state a list of ``2 * n`` dicts for the ``n`` owned key groups; slot ``i`` holds the
+void-namespace values of key group ``start + i`` keyed by key, slot ``n + i`` the values of other
+namespaces keyed by ``(key, namespace)``. Cutting out a key-group range touches only its slots.
+
+With TTL a stored value is a ``(value, expires_at)`` tuple (per element for lists, per entry for
+maps).
+
+Snapshots are copy-on-write per slot: ``snapshot_view`` keeps references to the slots and marks
+them frozen; the first write to a frozen slot copies it (and the lists, maps and accumulators in it,
+which are mutated in place), so the view never sees a later write. Value-state values are stored by
+reference, as in Flink: mutate them only through ``update``.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from state_engine.backends.base import ChangedKey, KeyedStateBackend, KeyedStateView
+from state_engine.errors import SerializationError, StateError
+from state_engine.hashing import key_hash
+from state_engine.keygroups import KeyGroupRange
+from state_engine.state.api import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    State,
+    ValueState,
+)
+from state_engine.state.descriptors import StateDescriptor, StateKind
+from state_engine.state.meta import StateEntry, StateMetaInfo
+from state_engine.state.namespace import VOID_NAMESPACE
+from state_engine.state.ttl import INT64_MAX, Clock, expiry
+
+_POS = struct.Struct(">I")
+# Values whose identity implies their content: a cached row of one stays valid (no TTL).
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
+_NO_DEFAULT = object()
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+# An expiry below this bound cannot pass INT64_MAX when added to a wall-clock time in ms, so the
+# fast TTL write paths skip the clamp.
+_NO_CLAMP_TTL = INT64_MAX - (1 << 62)
+
+
+def null_element(name: str) -> StateError:
+    return StateError(
+        f"list state {name!r} cannot hold None: filter None out before adding (as in Flink)"
+    )
+
+
+class _HeapState(State):
+    """Shared plumbing: slot lookup, copy-on-write, TTL time, change marks, incremental cleanup."""
+
+    kind: StateKind
+
+    def __init__(self, backend: HeapKeyedStateBackend, meta: StateMetaInfo) -> None:
+        self.name = meta.name
+        self.meta = meta
+        self._b = backend
+        self._tables: list[dict[Any, Any]] = backend._tables_of[meta.name]
+        self._frozen: set[int] = backend._frozen_of[meta.name]
+        # Per slot, the composite keys written since the last view; None: not tracking.
+        self._dirty: list[set[Any]] | None = backend._dirty_of.get(meta.name)
+        self._n = backend._kg_count
+        self._void = True
+        self._ns: Any = VOID_NAMESPACE
+        self._off = 0
+        self._ns_ser = meta.serializers["namespace"]
+        ttl = meta.ttl
+        self._ttl = ttl
+        self._ttl_ms = ttl.ttl_ms if ttl else 0
+        self._upd_read = bool(ttl and ttl.update_on_read)
+        self._ret_exp = bool(ttl and ttl.return_expired)
+        self._sampled: bool
+        self._now: Callable[[], int]
+        self._sampled, self._now = backend.state_time(meta)
+        self._inc = ttl.cleanup.incremental_size if ttl else 0
+        self._inc_slot = -1
+        self._inc_keys: list[Any] = []
+        self._inc_pos = 0
+        # Per slot, the rows of the last full view (value states), see HeapStateView.
+        self._row_cache: list[dict[Any, tuple[Any, StateEntry]]] | None = None
+        if ttl and ttl.cleanup.incremental_every_record:
+            backend._record_cleanups.append(self._inc_step)
+            backend._specialise_set_current_key()
+        self._install_fast()
+
+    #: Per kind: (method name, fast variant without TTL, fast variant with TTL).
+    _FAST: tuple[tuple[str, str, str], ...] = ()
+
+    def _install_fast(self) -> None:
+        """Bind the hot methods to variants without the checks this state never needs.
+
+        Eligible: void namespace, no change tracking, and without TTL or with TTL read from the
+        per-record time, no refresh on read, no incremental cleanup. Each check the generic method
+        does per call costs about as much as the dict lookup it guards. The fast variants fall back
+        to the generic method for anything unusual (an expired value, no current key).
+        """
+        ttl = self._ttl
+        ok = self._void and self._dirty is None
+        if ttl is not None:
+            ok = ok and self._sampled and not self._upd_read and not self._inc
+            ok = ok and self._ttl_ms <= _NO_CLAMP_TTL
+        for name, plain, timed in self._FAST:
+            if ok:
+                setattr(self, name, getattr(self, plain if ttl is None else timed))
+            else:
+                self.__dict__.pop(name, None)
+
+    # --- slots ---
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        if namespace is VOID_NAMESPACE:
+            self._void, self._off = True, 0
+        else:
+            self._ns_ser.serialize(namespace)  # fail now, not at the next snapshot
+            self._void, self._off = False, self._n
+        self._ns = namespace
+        self._install_fast()
+
+    def _slot(self) -> int:
+        kgi = self._b._kgi
+        if kgi is None:
+            raise self._b.no_current_key(f"state {self.name!r}")
+        return kgi + self._off
+
+    def _ck(self) -> Any:
+        return self._b._key if self._void else (self._b._key, self._ns)
+
+    def _writable(self, i: int) -> dict[Any, Any]:
+        t = self._tables[i]
+        if self._frozen and i in self._frozen:
+            t = self._copy_table(t)
+            self._tables[i] = t
+            self._frozen.discard(i)
+        return t
+
+    def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
+        return dict(t)
+
+    def _mark(self, i: int, ck: Any) -> None:
+        d = self._dirty
+        if d is not None:
+            d[i].add(ck)
+
+    def clear(self) -> None:
+        i = self._slot()
+        ck = self._ck()
+        if ck in self._tables[i]:
+            del self._writable(i)[ck]
+            self._mark(i, ck)
+        if self._inc:
+            self._inc_step()
+
+    # --- TTL ---
+
+    def _time(self) -> int:
+        return self._b._pt_now if self._sampled else self._now()
+
+    def _expiry(self) -> int:
+        t = (self._b._pt_now if self._sampled else self._now()) + self._ttl_ms
+        return t if t <= INT64_MAX else INT64_MAX
+
+    def _purge(self, i: int, ck: Any, now: int) -> None:
+        """Drop what expired under ``ck`` in slot ``i`` (value kinds: the whole entry)."""
+        e = self._tables[i].get(ck)
+        if e is not None and e[1] <= now:
+            del self._writable(i)[ck]
+            self._mark(i, ck)
+
+    def _inc_step(self) -> None:
+        """Check up to ``incremental_size`` entries, continuing where the last step stopped."""
+        budget = self._inc
+        now = self._time()
+        tables = self._tables
+        visited = 0
+        while budget > 0:
+            if self._inc_pos >= len(self._inc_keys):
+                if visited > len(tables):
+                    return  # the whole state is empty
+                visited += 1
+                self._inc_slot = (self._inc_slot + 1) % len(tables)
+                self._inc_keys = list(tables[self._inc_slot])
+                self._inc_pos = 0
+                continue
+            ck = self._inc_keys[self._inc_pos]
+            self._inc_pos += 1
+            budget -= 1
+            self._purge(self._inc_slot, ck, now)
+
+    # --- export ---
+
+    def _rows(self, obj: Any, now: int | None) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+        raise NotImplementedError
+
+    def _restore(self, t: dict[Any, Any], ck: Any, uk: Any, v: Any, expires_at: int) -> None:
+        """Add one restored row's value (``uk``: decoded user key) into table ``t``."""
+        t[ck] = v if self._ttl is None else (v, expires_at)
+
+
+# --- value-like kinds ---
+
+
+class HeapValueState(_HeapState, ValueState):
+    kind = StateKind.VALUE
+
+    _FAST = (("value", "_value_plain", "_value_ttl"), ("update", "_update_plain", "_update_ttl"))
+
+    def __init__(self, backend: HeapKeyedStateBackend, meta: StateMetaInfo, default: Any) -> None:
+        super().__init__(backend, meta)
+        self._default = default
+
+    def _value_plain(self) -> Any:
+        b = self._b
+        try:
+            return self._tables[b._kgi].get(b._key, self._default)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+
+    def _value_ttl(self) -> Any:
+        b = self._b
+        try:
+            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        if e is None:
+            return self._default
+        if e[1] > b._pt_now:
+            return e[0]
+        return HeapValueState.value(self)
+
+    def _update_plain(self, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if value is None or i is None or (self._frozen and i in self._frozen):
+            HeapValueState.update(self, value)
+            return
+        self._tables[i][b._key] = value
+
+    def _update_ttl(self, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if value is None or i is None or (self._frozen and i in self._frozen):
+            HeapValueState.update(self, value)
+            return
+        self._tables[i][b._key] = (value, b._pt_now + self._ttl_ms)
+
+    def value(self) -> Any:
+        b = self._b
+        try:
+            t = self._tables[b._kgi + self._off]  # type: ignore[operator]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        e = t.get(b._key if self._void else (b._key, self._ns))
+        if self._ttl is None:
+            return self._default if e is None else e
+        if e is not None:
+            if e[1] <= (b._pt_now if self._sampled else self._now()) or self._upd_read:
+                e = self._ttl_read(e)
+            else:
+                e = e[0]
+        if self._inc:
+            self._inc_step()
+        return self._default if e is None else e
+
+    def _ttl_read(self, e: tuple[Any, int]) -> Any:
+        now = self._time()
+        i, ck = self._slot(), self._ck()
+        if e[1] <= now:
+            del self._writable(i)[ck]
+            self._mark(i, ck)
+            return e[0] if self._ret_exp else None
+        if self._upd_read:
+            self._writable(i)[ck] = (e[0], expiry(now, self._ttl_ms))
+            self._mark(i, ck)
+        return e[0]
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        b = self._b
+        try:
+            i = b._kgi + self._off  # type: ignore[operator]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        t = self._tables[i]
+        if self._frozen and i in self._frozen:
+            t = self._writable(i)
+        ck = b._key if self._void else (b._key, self._ns)
+        if self._ttl is None:
+            t[ck] = value
+        else:
+            exp = (b._pt_now if self._sampled else self._now()) + self._ttl_ms
+            t[ck] = (value, exp if exp <= INT64_MAX else INT64_MAX)
+            if self._inc:
+                self._inc_step()
+        if self._dirty is not None:
+            self._dirty[i].add(ck)
+
+    def _rows(self, obj: Any, now: int | None) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+        ser = self.meta.serializers["value"].serialize
+        if self._ttl is None:
+            yield None, ser(obj), None
+        elif now is None or obj[1] > now:
+            yield None, ser(obj[0]), obj[1]
+
+
+class _HeapFoldingState(_HeapState):
+    """Reducing and aggregating state: one folded value per key and namespace."""
+
+    def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
+        # Reduce and aggregate functions may mutate the stored value in place: copy it for real.
+        ser = self.meta.serializers["value"]
+        rt = lambda v: ser.deserialize(ser.serialize(v))  # noqa: E731
+        if self._ttl is None:
+            return {k: rt(v) for k, v in t.items()}
+        return {k: (rt(v[0]), v[1]) for k, v in t.items()}
+
+    def _current(self) -> tuple[int, Any, Any]:
+        """(slot, composite key, stored value or None after the TTL read check)."""
+        i = self._slot()
+        ck = self._ck()
+        e = self._tables[i].get(ck)
+        if e is None or self._ttl is None:
+            return i, ck, e
+        now = self._time()
+        if e[1] <= now:
+            del self._writable(i)[ck]
+            self._mark(i, ck)
+            return i, ck, (e[0] if self._ret_exp else None)
+        if self._upd_read:
+            self._writable(i)[ck] = (e[0], expiry(now, self._ttl_ms))
+            self._mark(i, ck)
+        return i, ck, e[0]
+
+    def _store(self, i: int, ck: Any, v: Any) -> None:
+        t = self._writable(i)
+        t[ck] = v if self._ttl is None else (v, self._expiry())
+        if self._dirty is not None:
+            self._dirty[i].add(ck)
+        if self._inc:
+            self._inc_step()
+
+    def _peek_for_add(self, i: int, ck: Any) -> Any:
+        """The value an add folds into: expired values only with RETURN_EXPIRED (as Flink)."""
+        e = self._tables[i].get(ck)
+        if e is None or self._ttl is None:
+            return e
+        if e[1] <= self._time() and not self._ret_exp:
+            return None
+        return e[0]
+
+    _rows = HeapValueState._rows
+
+
+class HeapReducingState(_HeapFoldingState, ReducingState):
+    kind = StateKind.REDUCING
+
+    def __init__(self, backend: HeapKeyedStateBackend, meta: StateMetaInfo, fn: Any) -> None:
+        super().__init__(backend, meta)
+        self._fn = fn
+
+    def get(self) -> Any:
+        v = self._current()[2]
+        if self._inc:
+            self._inc_step()
+        return v
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise StateError(f"reducing state {self.name!r} cannot add None: filter it out")
+        i = self._slot()
+        ck = self._ck()
+        cur = self._peek_for_add(i, ck)
+        self._store(i, ck, value if cur is None else self._fn(cur, value))
+
+
+class HeapAggregatingState(_HeapFoldingState, AggregatingState):
+    kind = StateKind.AGGREGATING
+
+    def __init__(self, backend: HeapKeyedStateBackend, meta: StateMetaInfo, fn: Any) -> None:
+        super().__init__(backend, meta)
+        self._fn = fn
+
+    def get(self) -> Any:
+        acc = self._current()[2]
+        if self._inc:
+            self._inc_step()
+        return None if acc is None else self._fn.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        i = self._slot()
+        ck = self._ck()
+        acc = self._peek_for_add(i, ck)
+        if acc is None:
+            acc = self._fn.create_accumulator()
+        self._store(i, ck, self._fn.add(value, acc))
+
+
+# --- list ---
+
+
+class HeapListState(_HeapState, ListState):
+    """A list is a Python list; with TTL a list of ``(value, expires_at)`` tuples.
+
+    (Parallel value/expiry lists made the TTL read C-fast but cost three tracked containers per
+    list; the cyclic GC then dominated appends to new keys.)
+    """
+
+    kind = StateKind.LIST
+    _FAST = (("get", "_get_plain", "_get_ttl"), ("add", "_add_plain", "_add_ttl"))
+
+    def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
+        return {k: list(v) for k, v in t.items()}
+
+    def _get_plain(self) -> list[Any]:
+        b = self._b
+        try:
+            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        return [] if e is None else list(e)
+
+    def _get_ttl(self) -> list[Any]:
+        b = self._b
+        try:
+            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        if e is None:
+            return []
+        # All live (the common case): two C-level passes instead of a comprehension's frame.
+        if min(map(_SECOND, e), default=INT64_MAX) > b._pt_now:
+            return list(map(_FIRST, e))
+        return HeapListState.get(self)
+
+    def _add_plain(self, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if value is None or i is None or (self._frozen and i in self._frozen):
+            HeapListState.add(self, value)
+            return
+        t = self._tables[i]
+        e = t.get(b._key)
+        if e is None:
+            t[b._key] = [value]
+        else:
+            e.append(value)
+
+    def _add_ttl(self, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if value is None or i is None or (self._frozen and i in self._frozen):
+            HeapListState.add(self, value)
+            return
+        t = self._tables[i]
+        e = t.get(b._key)
+        if e is None:
+            t[b._key] = [(value, b._pt_now + self._ttl_ms)]
+        else:
+            e.append((value, b._pt_now + self._ttl_ms))
+
+    def get(self) -> list[Any]:
+        b = self._b
+        try:
+            t = self._tables[b._kgi + self._off]  # type: ignore[operator]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        e = t.get(b._key if self._void else (b._key, self._ns))
+        if self._ttl is None:
+            return [] if e is None else list(e)
+        if e is None:
+            out = []
+        else:
+            now = b._pt_now if self._sampled else self._now()
+            out = [x[0] for x in e if x[1] > now]
+            if len(out) != len(e) or self._upd_read:
+                out = self._ttl_get(e)
+        if self._inc:
+            self._inc_step()
+        return out
+
+    def _ttl_get(self, e: list[tuple[Any, int]]) -> list[Any]:
+        now = self._time()
+        i, ck = self._slot(), self._ck()
+        live = [x for x in e if x[1] > now]
+        out = [x[0] for x in (e if self._ret_exp else live)]
+        if self._upd_read and live:
+            exp = expiry(now, self._ttl_ms)
+            live = [(x[0], exp) for x in live]
+        if len(live) != len(e) or self._upd_read:
+            t = self._writable(i)
+            if live:
+                t[ck] = live
+            else:
+                del t[ck]
+            self._mark(i, ck)
+        return out
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise null_element(self.name)
+        b = self._b
+        try:
+            i = b._kgi + self._off  # type: ignore[operator]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        t = self._tables[i]
+        if self._frozen and i in self._frozen:
+            t = self._writable(i)
+        ck = b._key if self._void else (b._key, self._ns)
+        if self._ttl is not None:
+            exp = (b._pt_now if self._sampled else self._now()) + self._ttl_ms
+            value = (value, exp if exp <= INT64_MAX else INT64_MAX)
+            if self._inc:
+                self._inc_step()
+        e = t.get(ck)
+        if e is None:
+            t[ck] = [value]
+        else:
+            e.append(value)
+        if self._dirty is not None:
+            self._dirty[i].add(ck)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        vals = self._elements(values)
+        if not vals:
+            return
+        i, ck = self._slot(), self._ck()
+        t = self._writable(i)
+        e = t.get(ck)
+        if e is None:
+            t[ck] = vals
+        else:
+            e.extend(vals)
+        self._mark(i, ck)
+        if self._inc:
+            self._inc_step()
+
+    def update(self, values: Iterable[Any] | None) -> None:
+        vals = [] if values is None else self._elements(values)
+        i, ck = self._slot(), self._ck()
+        t = self._tables[i]
+        if vals:
+            self._writable(i)[ck] = vals
+            self._mark(i, ck)
+        elif ck in t:
+            del self._writable(i)[ck]
+            self._mark(i, ck)
+        if self._inc:
+            self._inc_step()
+
+    def _elements(self, values: Iterable[Any]) -> list[Any]:
+        if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+            raise StateError(
+                f"list state {self.name!r} takes an iterable of elements, got "
+                f"{type(values).__name__}: wrap a single element in a list or use add()"
+            )
+        vals = list(values)
+        if any(v is None for v in vals):
+            raise null_element(self.name)
+        if self._ttl is not None and vals:
+            exp = self._expiry()
+            vals = [(v, exp) for v in vals]
+        return vals
+
+    def _purge(self, i: int, ck: Any, now: int) -> None:
+        e = self._tables[i].get(ck)
+        if e is None:
+            return
+        live = [x for x in e if x[1] > now]
+        if len(live) != len(e):
+            t = self._writable(i)
+            if live:
+                t[ck] = live
+            else:
+                del t[ck]
+            self._mark(i, ck)
+
+    def _rows(self, obj: Any, now: int | None) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+        ser = self.meta.serializers["value"].serialize
+        pack = _POS.pack
+        if self._ttl is None:
+            for pos, v in enumerate(obj):
+                yield pack(pos), ser(v), None
+        else:
+            pos = 0
+            for v, exp in obj:
+                if now is None or exp > now:
+                    yield pack(pos), ser(v), exp
+                    pos += 1
+
+    def _restore(self, t: dict[Any, Any], ck: Any, uk: Any, v: Any, expires_at: int) -> None:
+        # Rows of one list arrive in position order.
+        e = t.get(ck)
+        if self._ttl is not None:
+            v = (v, expires_at)
+        if e is None:
+            t[ck] = [v]
+        else:
+            e.append(v)
+
+
+# --- map ---
+
+
+class HeapMapState(_HeapState, MapState):
+    kind = StateKind.MAP
+    _FAST = (
+        ("get", "_get_plain", "_get_ttl"),
+        ("put", "_put_plain", "_put_ttl"),
+        ("items", "_items_plain", "_items_ttl"),
+    )
+
+    def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
+        return {k: dict(v) for k, v in t.items()}
+
+    def _get_plain(self, key: Any) -> Any:
+        b = self._b
+        try:
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        return None if m is None else m.get(key)
+
+    def _get_ttl(self, key: Any) -> Any:
+        b = self._b
+        try:
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        if m is None:
+            return None
+        e = m.get(key)
+        if e is None:
+            return None
+        if e[1] > b._pt_now:
+            return e[0]
+        return HeapMapState.get(self, key)
+
+    def _put_plain(self, key: Any, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if i is None or (self._frozen and i in self._frozen):
+            HeapMapState.put(self, key, value)
+            return
+        t = self._tables[i]
+        m = t.get(b._key)
+        if m is None:
+            t[b._key] = {key: value}
+        else:
+            m[key] = value
+
+    def _put_ttl(self, key: Any, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if i is None or (self._frozen and i in self._frozen):
+            HeapMapState.put(self, key, value)
+            return
+        t = self._tables[i]
+        m = t.get(b._key)
+        if m is None:
+            t[b._key] = {key: (value, b._pt_now + self._ttl_ms)}
+        else:
+            m[key] = (value, b._pt_now + self._ttl_ms)
+
+    def _items_plain(self) -> list[tuple[Any, Any]]:
+        b = self._b
+        try:
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        return [] if m is None else list(m.items())
+
+    def _items_ttl(self) -> list[tuple[Any, Any]]:
+        b = self._b
+        try:
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        if m is None:
+            return []
+        vals = m.values()
+        # All live (the common case): C-level passes instead of a comprehension's frame.
+        if min(map(_SECOND, vals), default=INT64_MAX) > b._pt_now:
+            return list(zip(m, map(_FIRST, vals), strict=True))
+        return HeapMapState.items(self)
+
+    def _map(self) -> tuple[int, Any, dict[Any, Any] | None]:
+        b = self._b
+        try:
+            i = b._kgi + self._off  # type: ignore[operator]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        ck = b._key if self._void else (b._key, self._ns)
+        return i, ck, self._tables[i].get(ck)
+
+    def _entry(self, i: int, ck: Any, m: dict[Any, Any], uk: Any, now: int) -> Any:
+        """TTL read of one entry: its value or None; cleans up or refreshes as configured."""
+        e = m.get(uk)
+        if e is None:
+            return None
+        if e[1] <= now:
+            self._remove(i, ck, uk)
+            return e[0] if self._ret_exp else None
+        if self._upd_read:
+            self._writable(i)[ck][uk] = (e[0], expiry(now, self._ttl_ms))
+            self._mark(i, ck)
+        return e[0]
+
+    def _remove(self, i: int, ck: Any, uk: Any) -> None:
+        t = self._writable(i)
+        m = t[ck]
+        del m[uk]
+        if not m:
+            del t[ck]
+        self._mark(i, ck)
+
+    def get(self, key: Any) -> Any:
+        b = self._b
+        try:
+            i = b._kgi + self._off  # type: ignore[operator]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        ck = b._key if self._void else (b._key, self._ns)
+        m = self._tables[i].get(ck)
+        if m is None:
+            out = None
+        elif self._ttl is None:
+            return m.get(key)
+        else:
+            e = m.get(key)
+            if e is None:
+                out = None
+            elif e[1] > (b._pt_now if self._sampled else self._now()) and not self._upd_read:
+                out = e[0]
+            else:
+                out = self._entry(i, ck, m, key, self._time())
+        if self._inc:
+            self._inc_step()
+        return out
+
+    def contains(self, key: Any) -> bool:
+        i, ck, m = self._map()
+        if m is None:
+            return False
+        if self._ttl is None:
+            return key in m
+        return self.get(key) is not None
+
+    def put(self, key: Any, value: Any) -> None:
+        b = self._b
+        try:
+            i = b._kgi + self._off  # type: ignore[operator]
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        t = self._tables[i]
+        if self._frozen and i in self._frozen:
+            t = self._writable(i)
+        ck = b._key if self._void else (b._key, self._ns)
+        m = t.get(ck)
+        if self._ttl is not None:
+            exp = (b._pt_now if self._sampled else self._now()) + self._ttl_ms
+            value = (value, exp if exp <= INT64_MAX else INT64_MAX)
+        if m is None:
+            t[ck] = {key: value}
+        else:
+            m[key] = value
+        if self._dirty is not None:
+            self._dirty[i].add(ck)
+        if self._inc:
+            self._inc_step()
+
+    def put_all(self, entries: Mapping[Any, Any]) -> None:
+        if not isinstance(entries, Mapping):
+            raise StateError(
+                f"map state {self.name!r}: put_all takes a mapping, got {type(entries).__name__}"
+            )
+        if not entries:
+            return
+        i, ck, m = self._map()
+        t = self._writable(i)
+        m = t.get(ck)
+        if self._ttl is None:
+            new = dict(entries)
+        else:
+            exp = self._expiry()
+            new = {k: (v, exp) for k, v in entries.items()}
+        if m is None:
+            t[ck] = new
+        else:
+            m.update(new)
+        self._mark(i, ck)
+        if self._inc:
+            self._inc_step()
+
+    def remove(self, key: Any) -> None:
+        i, ck, m = self._map()
+        if m is not None and key in m:
+            self._remove(i, ck, key)
+        if self._inc:
+            self._inc_step()
+
+    def _live_items(self) -> list[tuple[Any, Any]]:
+        i, ck, m = self._map()
+        if m is None:
+            out: list[tuple[Any, Any]] = []
+        elif self._ttl is None:
+            return list(m.items())
+        else:
+            now = self._time()
+            out = [(uk, e[0]) for uk, e in m.items() if e[1] > now]
+            if len(out) != len(m) or self._upd_read:
+                out = []
+                for uk in list(m):
+                    cur = self._tables[i].get(ck)
+                    if cur is None:
+                        break
+                    v = self._entry(i, ck, cur, uk, now)
+                    if v is not None:
+                        out.append((uk, v))
+        if self._inc:
+            self._inc_step()
+        return out
+
+    def keys(self) -> list[Any]:
+        return [k for k, _ in self._live_items()]
+
+    def values(self) -> list[Any]:
+        return [v for _, v in self._live_items()]
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return self._live_items()
+
+    def is_empty(self) -> bool:
+        return not self._live_items()
+
+    def _purge(self, i: int, ck: Any, now: int) -> None:
+        m = self._tables[i].get(ck)
+        if m is None:
+            return
+        dead = [uk for uk, e in m.items() if e[1] <= now]
+        for uk in dead:
+            self._remove(i, ck, uk)
+
+    def _rows(self, obj: Any, now: int | None) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+        kser = self.meta.serializers["user_key"].serialize
+        vser = self.meta.serializers["value"].serialize
+        if self._ttl is None:
+            for uk, v in obj.items():
+                yield kser(uk), vser(v), None
+        else:
+            for uk, (v, exp) in obj.items():
+                if now is None or exp > now:
+                    yield kser(uk), vser(v), exp
+
+    def _restore(self, t: dict[Any, Any], ck: Any, uk: Any, v: Any, expires_at: int) -> None:
+        m = t.get(ck)
+        if m is None:
+            m = t[ck] = {}
+        m[uk] = v if self._ttl is None else (v, expires_at)
+
+
+_KINDS: dict[StateKind, type[_HeapState]] = {
+    StateKind.VALUE: HeapValueState,
+    StateKind.LIST: HeapListState,
+    StateKind.MAP: HeapMapState,
+    StateKind.REDUCING: HeapReducingState,
+    StateKind.AGGREGATING: HeapAggregatingState,
+}
+
+
+def _exporter(backend: HeapKeyedStateBackend, meta: StateMetaInfo) -> _HeapState:
+    """Row encoding for a state that was restored but not claimed by a descriptor yet."""
+    obj = object.__new__(_KINDS[meta.kind])
+    _HeapState.__init__(obj, backend, meta)
+    return obj
+
+
+# --- view ---
+
+
+class HeapStateView(KeyedStateView):
+    """Slot references taken at ``snapshot_view``; later writes copy the slot before changing it.
+
+    An incremental view also holds the change epochs not yet confirmed when it was taken (frozen
+    sets of composite keys per slot); ``changed()`` reads their rows from the view's slots.
+    """
+
+    def __init__(
+        self,
+        backend: HeapKeyedStateBackend,
+        exporters: dict[str, _HeapState],
+        tables: dict[str, list[dict[Any, Any]]],
+        now: dict[str, int | None],
+        view_id: int,
+        epochs: list[tuple[int, dict[str, list[set[Any]]]]] | None,
+    ) -> None:
+        self._backend: HeapKeyedStateBackend | None = backend
+        self._exporters = exporters
+        self._tables = tables
+        self._now = now
+        self._states = {name: e.meta for name, e in exporters.items()}
+        self._range = backend.key_group_range
+        self._key_ser = backend.key_serializer
+        self.view_id = view_id
+        self._epochs = epochs
+
+    @property
+    def states(self) -> Mapping[str, StateMetaInfo]:
+        return self._states
+
+    @property
+    def incremental(self) -> bool:
+        return self._epochs is not None
+
+    def _check_live(self) -> None:
+        if self._backend is None:
+            raise StateError("this snapshot view was released: take a new snapshot_view()")
+
+    def iter_entries(self, key_groups: KeyGroupRange | None = None) -> Iterator[StateEntry]:
+        self._check_live()
+        kgs = self._range if key_groups is None else self._range.intersection(key_groups)
+        if kgs.is_empty:
+            return
+        start, n = self._range.start, len(self._range)
+        names = sorted(self._exporters)
+        kser = self._key_ser.serialize
+        for kg in kgs:
+            kgi = kg - start
+            keys: dict[Any, tuple[int, bytes]] = {}
+            for name in names:
+                exp = self._exporters[name]
+                slots = self._tables[name]
+                now = self._now[name]
+                nser = exp._ns_ser.serialize
+                if exp.kind is StateKind.VALUE:
+                    yield from self._value_entries(exp, slots, kg, kgi, n, now, keys)
+                    continue
+                for ns_slot in (kgi, n + kgi):
+                    for ck, obj in slots[ns_slot].items():
+                        if ns_slot == kgi:
+                            key, nsb = ck, b""
+                        else:
+                            key, nsb = ck[0], nser(ck[1])
+                        kinfo = keys.get(key)
+                        try:
+                            if kinfo is None:
+                                kinfo = keys[key] = (key_hash(key), kser(key))
+                            for uk, vb, ea in exp._rows(obj, now):
+                                yield StateEntry(kg, kinfo[0], kinfo[1], nsb, name, uk, vb, ea)
+                        except SerializationError as e:
+                            raise SerializationError(f"state {name!r}, key {key!r:.60}: {e}") from e
+
+    def _value_entries(
+        self,
+        exp: _HeapState,
+        slots: list[dict[Any, Any]],
+        kg: int,
+        kgi: int,
+        n: int,
+        now: int | None,
+        keys: dict[Any, tuple[int, bytes]],
+    ) -> Iterator[StateEntry]:
+        """The rows of a value state in key group ``kg``, reusing the previous full view's row of
+        every entry whose stored object is still the same one.
+
+        Reused only where identity implies an unchanged row: with TTL every write stores a fresh
+        ``(value, expires_at)`` tuple; without, only immutable values are reused. The cache holds
+        the objects, so their ids are not recycled while cached. The cache of a slot is replaced
+        once the slot was read completely (entries deleted since drop out).
+        """
+        cache = exp._row_cache
+        if cache is None or len(cache) != 2 * n:
+            cache = exp._row_cache = [{} for _ in range(2 * n)]
+        ttl = exp._ttl is not None
+        name = exp.name
+        kser = self._key_ser.serialize
+        nser = exp._ns_ser.serialize
+        for ns_slot in (kgi, n + kgi):
+            old = cache[ns_slot]
+            new: dict[Any, tuple[Any, StateEntry]] = {}
+            for ck, obj in slots[ns_slot].items():
+                c = old.get(ck)
+                if c is not None and c[0] is obj:
+                    row = c[1]
+                else:
+                    if ns_slot == kgi:
+                        key, nsb = ck, b""
+                    else:
+                        key, nsb = ck[0], nser(ck[1])
+                    kinfo = keys.get(key)
+                    try:
+                        if kinfo is None:
+                            kinfo = keys[key] = (key_hash(key), kser(key))
+                        (uk, vb, ea), *_ = exp._rows(obj, None)
+                    except SerializationError as e:
+                        raise SerializationError(f"state {name!r}, key {key!r:.60}: {e}") from e
+                    row = StateEntry(kg, kinfo[0], kinfo[1], nsb, name, uk, vb, ea)
+                if ttl:
+                    new[ck] = (obj, row)
+                    if now is not None and obj[1] <= now:
+                        continue
+                elif type(obj) in _IMMUTABLE:
+                    new[ck] = (obj, row)
+                yield row
+            cache[ns_slot] = new
+
+    def changed(self) -> Iterator[ChangedKey]:
+        """Every (state, key, namespace) changed since the last confirmed view, key-group order.
+
+        Within a key group the order is (state, key bytes, namespace bytes).
+        """
+        self._check_live()
+        if self._epochs is None:
+            raise StateError(
+                "changed() needs an incremental view: take snapshot_view(incremental=True) on a "
+                "backend created with track_changes=True"
+            )
+        start, n = self._range.start, len(self._range)
+        names = sorted({name for _, ep in self._epochs for name in ep})
+        kser = self._key_ser.serialize
+        for kgi in range(n):
+            kg = start + kgi
+            keys: dict[Any, tuple[int, bytes]] = {}
+            out: list[ChangedKey] = []
+            for name in names:
+                exp = self._exporters[name]
+                slots = self._tables[name]
+                now = self._now[name]
+                nser = exp._ns_ser.serialize
+                for slot in (kgi, n + kgi):
+                    cks: set[Any] = set()
+                    for _, ep in self._epochs:
+                        dl = ep.get(name)
+                        if dl is not None and dl[slot]:
+                            cks |= dl[slot]
+                    for ck in cks:
+                        if slot == kgi:
+                            key, nsb = ck, b""
+                        else:
+                            key, nsb = ck[0], nser(ck[1])
+                        kinfo = keys.get(key)
+                        try:
+                            if kinfo is None:
+                                kinfo = keys[key] = (key_hash(key), kser(key))
+                            obj = slots[slot].get(ck)
+                            rows = (
+                                []
+                                if obj is None
+                                else [
+                                    StateEntry(kg, kinfo[0], kinfo[1], nsb, name, uk, vb, ea)
+                                    for uk, vb, ea in exp._rows(obj, now)
+                                ]
+                            )
+                        except SerializationError as e:
+                            raise SerializationError(f"state {name!r}, key {key!r:.60}: {e}") from e
+                        out.append(ChangedKey(name, kg, kinfo[0], kinfo[1], nsb, rows))
+            out.sort(key=lambda c: (c.state, c.key, c.namespace))
+            yield from out
+
+    def release(self) -> None:
+        if self._backend is not None:
+            self._backend._release_view()
+            self._backend = None
+            self._tables = {}
+            self._epochs = None if self._epochs is None else []
+
+
+# --- backend ---
+
+
+class HeapKeyedStateBackend(KeyedStateBackend):
+    """Keyed state as Python objects in per-key-group dicts (Flink's HashMapStateBackend).
+
+    ``track_changes=True`` records, per slot, which (key, namespace) of which state was written
+    since the last view (one set add per write), for incremental (delta) snapshots:
+
+    - every ``snapshot_view`` closes the current change epoch under its ``view_id``;
+    - ``snapshot_view(incremental=True).changed()`` lists the union of all epochs not yet dropped
+      (so the changes of a view whose snapshot failed or was cancelled are carried forward);
+    - ``confirm_view(view_id)`` drops every epoch up to that view (a full view's confirmation
+      starts a new base the same way).
+
+    Restored rows count as changes: a delta is then correct whatever base it is folded onto.
+    """
+
+    def __init__(
+        self,
+        key_serializer: Any,
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+        clock: Clock | None = None,
+        *,
+        track_changes: bool = False,
+        ttl_time_per_record: bool | None = None,
+    ) -> None:
+        super().__init__(
+            key_serializer,
+            max_parallelism,
+            key_group_range,
+            clock,
+            ttl_time_per_record=ttl_time_per_record,
+        )
+        self._tables_of: dict[str, list[dict[Any, Any]]] = {}
+        self._frozen_of: dict[str, set[int]] = {}
+        self._exporters: dict[str, _HeapState] = {}
+        self._live_views = 0
+        self.track_changes = bool(track_changes)
+        self._dirty_of: dict[str, list[set[Any]]] = {}
+        self._epochs: list[tuple[int, dict[str, list[set[Any]]]]] = []
+        self._last_view_id = 0
+        self._confirmed_view_id = 0
+
+    def _new_slots(self, name: str) -> None:
+        if name not in self._tables_of:
+            self._tables_of[name] = [{} for _ in range(2 * self._kg_count)]
+            self._frozen_of[name] = set()
+            if self.track_changes:
+                self._dirty_of[name] = [set() for _ in range(2 * self._kg_count)]
+
+    def _create_state(
+        self, descriptor: StateDescriptor, meta: StateMetaInfo, migrate_from: StateMetaInfo | None
+    ) -> State:
+        # Objects are stored deserialized: a compatible serializer change needs no rewrite here.
+        self._new_slots(meta.name)
+        kind = meta.kind
+        st: _HeapState
+        if kind is StateKind.VALUE:
+            st = HeapValueState(self, meta, descriptor.default)  # type: ignore[attr-defined]
+        elif kind is StateKind.REDUCING:
+            st = HeapReducingState(self, meta, descriptor.reduce_fn)  # type: ignore[attr-defined]
+        elif kind is StateKind.AGGREGATING:
+            st = HeapAggregatingState(self, meta, descriptor.aggregate_function)  # type: ignore[attr-defined]
+        else:
+            st = _KINDS[kind](self, meta)
+        self._exporters[meta.name] = st
+        return st
+
+    def _register_restored(self, meta: StateMetaInfo) -> None:
+        self._new_slots(meta.name)
+        self._exporters[meta.name] = _exporter(self, meta)
+
+    def keys(self, state_name: str, namespace: Any) -> Iterator[Any]:
+        slots = self._slots_of(state_name)
+        n = self._kg_count
+        if namespace is VOID_NAMESPACE:
+            for t in slots[:n]:
+                yield from list(t)
+        else:
+            for t in slots[n:]:
+                for k, ns in list(t):
+                    if ns == namespace:
+                        yield k
+
+    def _slots_of(self, state_name: str) -> list[dict[Any, Any]]:
+        slots = self._tables_of.get(state_name)
+        if slots is None:
+            raise StateError(
+                f"no state named {state_name!r} in this backend (known: "
+                f"{', '.join(sorted(self._tables_of)) or 'none'}): register it with get_state first"
+            )
+        return slots
+
+    def snapshot_view(self, incremental: bool = False) -> HeapStateView:
+        self._check_open()
+        if incremental and not self.track_changes:
+            raise StateError(
+                "an incremental snapshot view needs change tracking: create the backend with "
+                "HeapKeyedStateBackend(..., track_changes=True), or take a full view"
+            )
+        tables: dict[str, list[dict[Any, Any]]] = {}
+        now: dict[str, int | None] = {}
+        for name, slots in self._tables_of.items():
+            # An empty slot is not frozen (a first write must not pay for a copy), so the view
+            # gets its own empty dict: the backend's may fill up after the view was taken.
+            tables[name] = [t if t else {} for t in slots]
+            frozen = self._frozen_of[name]
+            frozen.update(i for i, t in enumerate(slots) if t)
+            meta = self._metas[name]
+            cleanup = meta.ttl is not None and meta.ttl.cleanup.full_snapshot
+            now[name] = self.time_source(meta)() if cleanup else None
+        self._last_view_id += 1
+        view_id = self._last_view_id
+        epochs = None
+        if self.track_changes:
+            self._close_epoch(view_id)
+            if incremental:
+                epochs = list(self._epochs)
+        self._live_views += 1
+        return HeapStateView(self, dict(self._exporters), tables, now, view_id, epochs)
+
+    def _close_epoch(self, view_id: int) -> None:
+        """Freeze the changes made since the previous view under ``view_id``; start new sets."""
+        epoch: dict[str, list[set[Any]]] = {}
+        for name, dirty in self._dirty_of.items():
+            if any(dirty):
+                epoch[name] = list(dirty)
+                for i, s in enumerate(dirty):
+                    if s:
+                        dirty[i] = set()
+        self._epochs.append((view_id, epoch))
+
+    def confirm_view(self, view_id: int) -> None:
+        """The snapshot built from view ``view_id`` completed: forget the changes up to it."""
+        if isinstance(view_id, bool) or not isinstance(view_id, int) or view_id < 1:
+            raise StateError(f"confirm_view needs a view_id >= 1 (view.view_id), got {view_id!r}")
+        if view_id > self._last_view_id:
+            raise StateError(
+                f"confirm_view({view_id}): no such view, the last view taken is "
+                f"{self._last_view_id}; pass the view_id of a view this backend returned"
+            )
+        if view_id > self._confirmed_view_id:
+            self._confirmed_view_id = view_id
+            self._epochs = [e for e in self._epochs if e[0] > view_id]
+
+    @property
+    def confirmed_view_id(self) -> int:
+        """The newest confirmed view (0: none yet)."""
+        return self._confirmed_view_id
+
+    def _release_view(self) -> None:
+        self._live_views -= 1
+        if self._live_views == 0:
+            for frozen in self._frozen_of.values():
+                frozen.clear()
+
+    def restore_entries(
+        self,
+        entries: Iterable[StateEntry],
+        state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
+    ) -> None:
+        plan = self._prepare_restore(state_meta)
+        kser = self.key_serializer.deserialize
+        n = self._kg_count
+        decoders: dict[str, tuple[Any, Any, Any, _HeapState, list[set[Any]] | None]] = {}
+        for name, (written, _current) in plan.items():
+            s = written.serializers
+            decoders[name] = (
+                s["namespace"].deserialize,
+                s["value"].deserialize,
+                s["user_key"].deserialize if "user_key" in s else None,
+                self._exporters[name],
+                self._dirty_of.get(name),
+            )
+        for row in entries:
+            kgi = self._check_row_key_group(row.key_group)
+            dec = decoders.get(row.state)
+            if dec is None:
+                raise self._unknown_state_row(row.state)
+            nsd, vd, ukd, exporter, dirty = dec
+            key = kser(row.key)
+            if row.namespace:
+                slot, ck = n + kgi, (key, nsd(row.namespace))
+            else:
+                slot, ck = kgi, key
+            t = self._writable_slot(row.state, slot)
+            uk = ukd(row.user_key) if ukd is not None else None
+            exp = INT64_MAX if row.expires_at is None else row.expires_at
+            exporter._restore(t, ck, uk, vd(row.value), exp)
+            if dirty is not None:
+                dirty[slot].add(ck)
+
+    def _writable_slot(self, name: str, slot: int) -> dict[Any, Any]:
+        frozen = self._frozen_of[name]
+        if frozen and slot in frozen:
+            return self._exporters[name]._writable(slot)
+        return self._tables_of[name][slot]
+
+    def close(self) -> None:
+        self._tables_of.clear()
+        self._dirty_of.clear()
+        self._epochs.clear()
+        super().close()

@@ -1,0 +1,249 @@
+"""The catalog's tables, as SQLAlchemy 2.x typed models (the migrations mirror them exactly)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+SNAPSHOT_KINDS = ("CHECKPOINT", "SAVEPOINT")
+SNAPSHOT_FORMATS = ("CANONICAL", "DELTA", "NATIVE")
+SNAPSHOT_STATUSES = ("PENDING", "COMPLETED", "FAILED", "SUBSUMED", "DISCARDED")
+# Retained snapshots pin their files: nothing they reference may be deleted.
+RETAINED_STATUSES = ("PENDING", "COMPLETED")
+RUN_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite stores none, so it is restored)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        # SQLite compares timestamps as text: one fixed format keeps that order chronological.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+# SQLite autoincrements only an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType}
+
+
+class Job(Base):
+    __tablename__ = "sk_jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    max_parallelism: Mapped[int] = mapped_column(Integer)
+    location: Mapped[str | None] = mapped_column(Text)
+    properties: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime]
+
+
+class Operator(Base):
+    __tablename__ = "sk_operators"
+    __table_args__ = (UniqueConstraint("job_id", "uid"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("sk_jobs.id", ondelete="CASCADE"))
+    uid: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+
+
+class State(Base):
+    __tablename__ = "sk_states"
+    __table_args__ = (UniqueConstraint("operator_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    operator_id: Mapped[int] = mapped_column(ForeignKey("sk_operators.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(32))
+    serializers: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    ttl: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Snapshot(Base):
+    __tablename__ = "sk_snapshots"
+    __table_args__ = (
+        UniqueConstraint("job_id", "checkpoint_id"),
+        Index(None, "job_id", "status", "checkpoint_id"),
+        CheckConstraint(_in("kind", SNAPSHOT_KINDS), name="kind"),
+        CheckConstraint(_in("format", SNAPSHOT_FORMATS), name="format"),
+        CheckConstraint(_in("status", SNAPSHOT_STATUSES), name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("sk_jobs.id", ondelete="CASCADE"))
+    checkpoint_id: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    format: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("sk_snapshots.id"))
+    parallelism: Mapped[int] = mapped_column(Integer)
+    max_parallelism: Mapped[int] = mapped_column(Integer)
+    location: Mapped[str] = mapped_column(Text)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    entries: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    completed_at: Mapped[datetime | None]
+    duration_ms: Mapped[int | None] = mapped_column(BigInteger)
+    trigger: Mapped[str] = mapped_column(String(32))
+    version: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class File(Base):
+    __tablename__ = "sk_files"
+    __table_args__ = (
+        # Orphan candidates are the files of a job whose live reference count is zero, read in
+        # id order: the index hands them over sorted, so a LIMIT stops early (migration 0002).
+        Index(None, "job_id", "live_refs", "id"),
+        CheckConstraint("size >= 0", name="size"),
+        CheckConstraint("live_refs >= 0", name="live_refs"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("sk_jobs.id", ondelete="CASCADE"))
+    path: Mapped[str] = mapped_column(Text, unique=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    checksum: Mapped[str | None] = mapped_column(String(128))
+    shared: Mapped[bool] = mapped_column(Boolean)
+    created_by_snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("sk_snapshots.id"))
+    last_used_snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("sk_snapshots.id"))
+    # Distinct retained (PENDING or COMPLETED) snapshots referencing the file, kept by the
+    # repository on every attach and status change so orphan lookups need no scan of references.
+    live_refs: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+
+
+class SnapshotFile(Base):
+    __tablename__ = "sk_snapshot_files"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    snapshot_id: Mapped[int] = mapped_column(
+        ForeignKey("sk_snapshots.id", ondelete="CASCADE"), index=True
+    )
+    file_id: Mapped[int] = mapped_column(ForeignKey("sk_files.id"), index=True)
+    operator_id: Mapped[int | None] = mapped_column(ForeignKey("sk_operators.id"))
+    subtask: Mapped[int | None] = mapped_column(Integer)
+    key_group_start: Mapped[int | None] = mapped_column(Integer)
+    key_group_end: Mapped[int | None] = mapped_column(Integer)
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+
+
+class SnapshotSize(Base):
+    """Per snapshot and operator totals, written once when the snapshot completes."""
+
+    __tablename__ = "sk_snapshot_sizes"
+    __table_args__ = (Index(None, "snapshot_id"), Index(None, "operator_id"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    snapshot_id: Mapped[int] = mapped_column(ForeignKey("sk_snapshots.id", ondelete="CASCADE"))
+    operator_id: Mapped[int | None] = mapped_column(ForeignKey("sk_operators.id"))
+    files: Mapped[int] = mapped_column(BigInteger)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    shared_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class KeyGroupStat(Base):
+    __tablename__ = "sk_key_group_stats"
+
+    snapshot_id: Mapped[int] = mapped_column(
+        ForeignKey("sk_snapshots.id", ondelete="CASCADE"), primary_key=True
+    )
+    operator_id: Mapped[int] = mapped_column(ForeignKey("sk_operators.id"), primary_key=True)
+    key_group: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rows: Mapped[int] = mapped_column(BigInteger)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class MaintenanceRun(Base):
+    __tablename__ = "sk_maintenance_runs"
+    __table_args__ = (
+        Index(None, "job_id", "started_at"),
+        Index(None, "started_at"),
+        CheckConstraint(_in("status", RUN_STATUSES), name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(250), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("sk_jobs.id", ondelete="CASCADE"))
+    params: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    status: Mapped[str] = mapped_column(String(16))
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    input_snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("sk_snapshots.id"))
+    output_snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("sk_snapshots.id"))
+    rows_in: Mapped[int | None] = mapped_column(BigInteger)
+    rows_out: Mapped[int | None] = mapped_column(BigInteger)
+    bytes_in: Mapped[int | None] = mapped_column(BigInteger)
+    bytes_out: Mapped[int | None] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    airflow_run_id: Mapped[str | None] = mapped_column(String(250))
+
+
+class Lease(Base):
+    __tablename__ = "sk_leases"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    # Fencing token: grows by one on every acquisition, never reused for the same name.
+    token: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    released_at: Mapped[datetime | None]

@@ -1,0 +1,219 @@
+"""What the repository takes and returns: plain frozen dataclasses, no live ORM objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: int
+    name: str
+    max_parallelism: int
+    location: str | None
+    properties: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRecord:
+    id: int
+    job_id: int
+    uid: str
+    name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecord:
+    id: int
+    operator_id: int
+    operator: str
+    name: str
+    kind: str
+    serializers: dict[str, Any]
+    ttl: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    id: int
+    job_id: int
+    job: str
+    checkpoint_id: int
+    kind: str
+    format: str
+    status: str
+    parent_id: int | None
+    parallelism: int
+    max_parallelism: int
+    location: str
+    bytes: int
+    entries: int
+    created_at: datetime
+    completed_at: datetime | None
+    duration_ms: int | None
+    trigger: str
+    version: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileRef:
+    """A file to attach to a snapshot.
+
+    ``shared`` files (e.g. RocksDB SSTs under ``shared/``) may be referenced by many snapshots;
+    any other file belongs to the one snapshot that registered it. ``operator`` is the operator
+    uid (created on first use); the key-group range is inclusive.
+    """
+
+    path: str
+    size: int
+    checksum: str | None = None
+    shared: bool = False
+    operator: str | None = None
+    subtask: int | None = None
+    key_group_start: int | None = None
+    key_group_end: int | None = None
+    details: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGroupStatRow:
+    operator: str
+    key_group: int
+    rows: int
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    id: int
+    job_id: int
+    path: str
+    size: int
+    checksum: str | None
+    shared: bool
+    created_by_snapshot_id: int | None
+    last_used_snapshot_id: int | None
+    live_refs: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFileRecord:
+    snapshot_id: int
+    file_id: int
+    path: str
+    size: int
+    checksum: str | None
+    shared: bool
+    operator: str | None
+    subtask: int | None
+    key_group_start: int | None
+    key_group_end: int | None
+    created_by_snapshot_id: int | None
+    last_used_snapshot_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SizePoint:
+    """The state size of one operator in one completed snapshot."""
+
+    snapshot_id: int
+    checkpoint_id: int
+    kind: str
+    status: str
+    completed_at: datetime | None
+    operator: str | None
+    files: int
+    bytes: int
+    shared_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SkewRecord:
+    """Rows per key group of one operator in one snapshot: skew = max / mean (1.0 is even)."""
+
+    snapshot_id: int
+    operator: str
+    key_groups: int
+    recorded_key_groups: int
+    total_rows: int
+    max_rows: int
+    mean_rows: float
+    skew: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: int
+    run_id: str
+    kind: str
+    job_id: int | None
+    job: str | None
+    status: str
+    params: dict[str, Any]
+    stats: dict[str, Any] | None
+    input_snapshot_id: int | None
+    output_snapshot_id: int | None
+    rows_in: int | None
+    rows_out: int | None
+    bytes_in: int | None
+    bytes_out: int | None
+    attempts: int
+    started_at: datetime
+    finished_at: datetime | None
+    error: str | None
+    dag_id: str | None
+    airflow_run_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    name: str
+    owner: str
+    token: int
+    acquired_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    columns: list[str]
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a longer answer: ``items`` from position ``offset`` on, of ``total`` in all.
+
+    ``items`` and ``total`` come from one read transaction, so they agree with each other.
+    """
+
+    items: list[T]
+    total: int
+    offset: int
+    limit: int | None
+
+    @property
+    def has_more(self) -> bool:
+        return self.offset + len(self.items) < self.total
+
+
+@dataclass(frozen=True, slots=True)
+class FilesSummary:
+    """What a snapshot references: ``references`` rows (a file read by several subtasks is
+    referenced once per subtask), over ``files`` distinct files of ``bytes`` in all."""
+
+    references: int
+    files: int
+    bytes: int
+    shared_files: int
+    shared_bytes: int

@@ -1,0 +1,1143 @@
+"""The catalog's repository API: jobs, operators, states, snapshots and their files.
+
+A snapshot is begun PENDING, gets its files and key-group statistics attached, and is completed by
+compare-and-swap on its ``version``. Files follow Flink's SharedStateRegistry: each records the
+snapshot that created it and the last one that used it, and a file is releasable only when no
+retained (PENDING or COMPLETED) snapshot references it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, Self
+
+from sqlalchemy import Select, case, delete, func, insert, literal, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from state_engine.catalog import views
+from state_engine.catalog.bulk import Bulk
+from state_engine.catalog.engine import make_engine
+from state_engine.catalog.leases import LeaseMixin
+from state_engine.catalog.migrate import check_at_head
+from state_engine.catalog.models import (
+    RETAINED_STATUSES,
+    SNAPSHOT_FORMATS,
+    SNAPSHOT_KINDS,
+    File,
+    Job,
+    KeyGroupStat,
+    Operator,
+    Snapshot,
+    SnapshotFile,
+    SnapshotSize,
+    State,
+)
+from state_engine.catalog.readonly import run_readonly
+from state_engine.catalog.records import (
+    FileRecord,
+    FileRef,
+    FilesSummary,
+    JobRecord,
+    KeyGroupStatRow,
+    OperatorRecord,
+    Page,
+    QueryResult,
+    SizePoint,
+    SkewRecord,
+    SnapshotFileRecord,
+    SnapshotRecord,
+    StateRecord,
+)
+from state_engine.catalog.runs import RunMixin
+from state_engine.catalog.store import (
+    Store,
+    as_json,
+    check_choice,
+    check_int,
+    check_name,
+    chunks,
+    count_rows,
+    window,
+)
+from state_engine.config import Settings
+from state_engine.errors import (
+    CommitConflict,
+    FileAlreadyRegistered,
+    InvalidCatalogInput,
+    InvalidSnapshotTransition,
+    NoSuchJob,
+    NoSuchSnapshot,
+    StateRegistrationConflict,
+)
+
+MAX_MAX_PARALLELISM = 32_768  # Flink's upper bound for max parallelism
+
+
+class Catalog(RunMixin, LeaseMixin, Store):
+    """The SQL catalog. Open it with :meth:`open` (checks the schema is at head)."""
+
+    @classmethod
+    def open(
+        cls,
+        url: str | URL,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        check_version: bool = True,
+        **engine_kwargs: Any,
+    ) -> Self:
+        engine = make_engine(url, **engine_kwargs)
+        if check_version:
+            try:
+                check_at_head(engine)
+            except BaseException:
+                engine.dispose()
+                raise
+        return cls(engine, clock=clock)
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **kwargs: Any) -> Self:
+        return cls.open((settings or Settings.from_env()).catalog_url, **kwargs)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- jobs, operators, states ---
+
+    def register_job(
+        self,
+        name: str,
+        *,
+        max_parallelism: int,
+        location: str | None = None,
+        properties: dict[str, Any] | None = None,
+    ) -> JobRecord:
+        """Register a job, or return it if registered with the same max parallelism."""
+        check_name(name, "a job name")
+        check_int(max_parallelism, "max_parallelism", 1, MAX_MAX_PARALLELISM)
+        props = as_json(properties or {}, "job properties")
+        with self._write() as s:
+            job = s.scalars(select(Job).where(Job.name == name)).one_or_none()
+            if job is None:
+                job = Job(
+                    name=name,
+                    max_parallelism=max_parallelism,
+                    location=location,
+                    properties=props,
+                    created_at=self.now(),
+                )
+                s.add(job)
+                s.flush()
+            elif job.max_parallelism != max_parallelism:
+                raise InvalidCatalogInput(
+                    f"job {name!r} has max parallelism {job.max_parallelism}, not "
+                    f"{max_parallelism}; it is fixed for a job's life: rescale it offline, then "
+                    "record the new value with set_job_max_parallelism"
+                )
+            return _job(job)
+
+    def set_job_max_parallelism(self, job: str | int, max_parallelism: int) -> JobRecord:
+        """Record a job's new max parallelism (after an offline rescale wrote a savepoint)."""
+        check_int(max_parallelism, "max_parallelism", 1, MAX_MAX_PARALLELISM)
+        with self._write() as s:
+            row = _resolve_job(s, job)
+            row.max_parallelism = max_parallelism
+            return _job(row)
+
+    def get_job(self, job: str | int) -> JobRecord:
+        with self._read() as s:
+            return _job(_resolve_job(s, job))
+
+    def list_jobs(self, *, limit: int | None = None, offset: int = 0) -> list[JobRecord]:
+        """Jobs by name; ``limit`` and ``offset`` cut a page in the database."""
+        with self._read() as s:
+            return [_job(j) for j in s.scalars(window(_jobs_stmt(), limit, offset))]
+
+    def jobs_page(self, *, limit: int | None = None, offset: int = 0) -> Page[JobRecord]:
+        """A page of :meth:`list_jobs` and how many jobs there are in all."""
+        with self._read() as s:
+            stmt = _jobs_stmt()
+            items = [_job(j) for j in s.scalars(window(stmt, limit, offset))]
+            return Page(items, count_rows(s, stmt), offset, limit)
+
+    def register_operator(
+        self, job: str | int, uid: str, name: str | None = None
+    ) -> OperatorRecord:
+        check_name(uid, "an operator uid")
+        with self._write() as s:
+            job_row = _resolve_job(s, job)
+            op_id = self._operator_ids(s, job_row.id, [uid])[uid]
+            if name is not None:
+                s.execute(update(Operator).where(Operator.id == op_id).values(name=name))
+            row = s.get_one(Operator, op_id)
+            return OperatorRecord(row.id, row.job_id, row.uid, row.name)
+
+    def list_operators(self, job: str | int) -> list[OperatorRecord]:
+        with self._read() as s:
+            job_id = _resolve_job(s, job).id
+            rows = s.scalars(
+                select(Operator).where(Operator.job_id == job_id).order_by(Operator.uid)
+            )
+            return [OperatorRecord(r.id, r.job_id, r.uid, r.name) for r in rows]
+
+    def register_state(
+        self,
+        job: str | int,
+        operator: str,
+        name: str,
+        *,
+        kind: str,
+        serializers: dict[str, Any],
+        ttl: dict[str, Any] | None = None,
+    ) -> StateRecord:
+        """Register a state, or update its serializers and TTL (schema evolution).
+
+        A state's kind never changes: registering it again with another kind is refused.
+        """
+        check_name(name, "a state name")
+        check_name(kind, "a state kind", 32)
+        serializers = as_json(serializers, "state serializers")
+        ttl = as_json(ttl, "state TTL config")
+        now = self.now()
+        with self._write() as s:
+            job_row = _resolve_job(s, job)
+            op_id = self._operator_ids(s, job_row.id, [check_name(operator, "an operator uid")])[
+                operator
+            ]
+            row = s.scalars(
+                select(State).where(State.operator_id == op_id, State.name == name)
+            ).one_or_none()
+            if row is None:
+                row = State(
+                    operator_id=op_id,
+                    name=name,
+                    kind=kind,
+                    serializers=serializers,
+                    ttl=ttl,
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(row)
+                s.flush()
+            elif row.kind != kind:
+                raise StateRegistrationConflict(
+                    f"state {name!r} of operator {operator!r} in job {job_row.name!r} is a "
+                    f"{row.kind} state, not {kind}; give the new state another name"
+                )
+            elif row.serializers != serializers or row.ttl != ttl:
+                row.serializers, row.ttl, row.updated_at = serializers, ttl, now
+            return _state(row, operator)
+
+    def list_states(self, job: str | int) -> list[StateRecord]:
+        with self._read() as s:
+            job_id = _resolve_job(s, job).id
+            rows = s.execute(
+                select(State, Operator.uid)
+                .join(Operator, Operator.id == State.operator_id)
+                .where(Operator.job_id == job_id)
+                .order_by(Operator.uid, State.name)
+            )
+            return [_state(state, uid) for state, uid in rows]
+
+    # --- snapshots ---
+
+    def begin_snapshot(
+        self,
+        job: str | int,
+        *,
+        location: str,
+        parallelism: int,
+        kind: str = "CHECKPOINT",
+        format: str = "CANONICAL",
+        checkpoint_id: int | None = None,
+        parent_id: int | None = None,
+        max_parallelism: int | None = None,
+        trigger: str = "periodic",
+    ) -> SnapshotRecord:
+        """Record a new PENDING snapshot (its id defaults to the job's next checkpoint id)."""
+        kind = check_choice(kind, "snapshot kind", SNAPSHOT_KINDS)
+        format = check_choice(format, "snapshot format", SNAPSHOT_FORMATS)
+        check_name(location, "a snapshot location", 10_000)
+        check_name(trigger, "a snapshot trigger", 32)
+        with self._write() as s:
+            job_row = _resolve_job(s, job)
+            max_p = job_row.max_parallelism if max_parallelism is None else max_parallelism
+            check_int(max_p, "max_parallelism", 1, MAX_MAX_PARALLELISM)
+            check_int(parallelism, "parallelism", 1, max_p)
+            if parent_id is not None:
+                parent = s.get(Snapshot, parent_id)
+                if parent is None or parent.job_id != job_row.id:
+                    raise NoSuchSnapshot(
+                        f"parent snapshot {parent_id} is not a snapshot of job {job_row.name!r}; "
+                        f"list them with `statectl snapshots {job_row.name}`"
+                    )
+            last = s.scalar(
+                select(func.max(Snapshot.checkpoint_id)).where(Snapshot.job_id == job_row.id)
+            )
+            if checkpoint_id is None:
+                checkpoint_id = (last or 0) + 1
+            check_int(checkpoint_id, "checkpoint_id", 0)
+            row = Snapshot(
+                job_id=job_row.id,
+                checkpoint_id=checkpoint_id,
+                kind=kind,
+                format=format,
+                status="PENDING",
+                parent_id=parent_id,
+                parallelism=parallelism,
+                max_parallelism=max_p,
+                location=location,
+                bytes=0,
+                entries=0,
+                created_at=self.now(),
+                trigger=trigger,
+                version=0,
+            )
+            try:
+                with s.begin_nested():
+                    s.add(row)
+            except IntegrityError as exc:
+                raise CommitConflict(
+                    f"job {job_row.name!r} already has a snapshot with checkpoint id "
+                    f"{checkpoint_id}; use a new id (the next free one is {(last or 0) + 1})"
+                ) from exc
+            return _snapshot(row, job_row.name)
+
+    def get_snapshot(self, snapshot_id: int) -> SnapshotRecord:
+        with self._read() as s:
+            return self._snapshot_record(s, snapshot_id)
+
+    def list_snapshots(
+        self,
+        job: str | int,
+        *,
+        status: str | Sequence[str] | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[SnapshotRecord]:
+        """The job's snapshots, newest checkpoint id first."""
+        with self._read() as s:
+            job_row = _resolve_job(s, job)
+            stmt = window(_snapshots_stmt(job_row.id, status, kind), limit, offset)
+            return [_snapshot(r, job_row.name) for r in s.scalars(stmt)]
+
+    def snapshots_page(
+        self,
+        job: str | int,
+        *,
+        status: str | Sequence[str] | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> Page[SnapshotRecord]:
+        """A page of :meth:`list_snapshots` and how many snapshots match in all."""
+        with self._read() as s:
+            job_row = _resolve_job(s, job)
+            stmt = _snapshots_stmt(job_row.id, status, kind)
+            items = [_snapshot(r, job_row.name) for r in s.scalars(window(stmt, limit, offset))]
+            return Page(items, count_rows(s, stmt), offset, limit)
+
+    def latest_snapshot(self, job: str | int) -> SnapshotRecord | None:
+        """The job's COMPLETED snapshot with the highest checkpoint id, if any."""
+        with self._read() as s:
+            job_row = _resolve_job(s, job)
+            v = views.latest_snapshots
+            row = s.scalars(
+                select(Snapshot)
+                .join(v, v.c.snapshot_id == Snapshot.id)
+                .where(v.c.job_id == job_row.id)
+            ).first()
+            return None if row is None else _snapshot(row, job_row.name)
+
+    def latest_snapshots(self) -> list[SnapshotRecord]:
+        """The latest COMPLETED snapshot of every job that has one."""
+        with self._read() as s:
+            v = views.latest_snapshots
+            rows = s.execute(
+                select(Snapshot, v.c.job).join(v, v.c.snapshot_id == Snapshot.id).order_by(v.c.job)
+            )
+            return [_snapshot(snap, job) for snap, job in rows]
+
+    def attach_files(self, snapshot_id: int, files: Iterable[FileRef]) -> int:
+        """Attach files to a PENDING snapshot in a few bulk statements; returns how many.
+
+        A new path is registered as created by this snapshot. A shared path already known (to this
+        job) gets this snapshot as its last user. An exclusive path already registered by another
+        snapshot is refused with FileAlreadyRegistered, and nothing of the call is kept.
+        """
+        refs = list(files)
+        if not refs:
+            return 0
+        with self._write() as s:
+            snap = self._lock_snapshot(s, snapshot_id, ("PENDING",), "attach files to")
+            # Plain ints: an ORM attribute read per row would cost more than the row's insert.
+            snap_id, job_id = snap.id, snap.job_id
+            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism)
+            op_ids = self._operator_ids(s, job_id, {r.operator for r in refs if r.operator})
+            bulk = Bulk(s.connection())
+            m = bulk.mark
+            where, paths = bulk.in_list("path", list(by_path))
+            existing = bulk.select(
+                "SELECT path, id, job_id, size, checksum, created_by_snapshot_id "
+                f"FROM sk_files WHERE {where}",
+                (paths,),
+            )
+            path_ids: dict[str, int] = {}
+            reused: list[int] = []
+            for path, fid, file_job_id, size, checksum, created_by in existing:
+                _check_reuse(
+                    by_path[path], snap_id, job_id, fid, file_job_id, size, checksum, created_by
+                )
+                path_ids[path] = fid
+                if created_by != snap_id:
+                    reused.append(fid)
+            if reused:
+                where, ids = bulk.in_list("file_id", reused)
+                already = {
+                    fid
+                    for (fid,) in bulk.select(
+                        f"SELECT file_id FROM sk_snapshot_files WHERE snapshot_id = {m} "
+                        f"AND {where}",
+                        (snap_id, ids),
+                    )
+                }
+                # One more live reference per file that this snapshot did not reference yet.
+                fresh = [fid for fid in reused if fid not in already]
+                if fresh:
+                    where, ids = bulk.in_list("id", fresh)
+                    bulk.execute(
+                        f"UPDATE sk_files SET shared = {m}, last_used_snapshot_id = {m}, "
+                        f"live_refs = live_refs + 1 WHERE {where}",
+                        (True, snap_id, ids),
+                    )
+            new = [(path, ref) for path, ref in by_path.items() if path not in path_ids]
+            new_ids = bulk.allocate_ids(File.__tablename__, len(new))
+            stamp = bulk.bind(File.__table__.c.created_at, self.now())
+            bulk.insert_many(
+                File.__tablename__,
+                (
+                    "id",
+                    "job_id",
+                    "path",
+                    "size",
+                    "checksum",
+                    "shared",
+                    "created_by_snapshot_id",
+                    "last_used_snapshot_id",
+                    "live_refs",
+                    "created_at",
+                ),
+                [
+                    (
+                        fid,
+                        job_id,
+                        path,
+                        ref.size,
+                        ref.checksum,
+                        bool(ref.shared),
+                        snap_id,
+                        snap_id,
+                        1,
+                        stamp,
+                    )
+                    for fid, (path, ref) in zip(new_ids, new, strict=True)
+                ],  # fmt: skip
+            )
+            path_ids.update((path, fid) for fid, (path, _) in zip(new_ids, new, strict=True))
+            bulk.insert_many(
+                SnapshotFile.__tablename__,
+                (
+                    "snapshot_id",
+                    "file_id",
+                    "operator_id",
+                    "subtask",
+                    "key_group_start",
+                    "key_group_end",
+                    "details",
+                ),
+                [
+                    (
+                        snap_id,
+                        path_ids[r.path],
+                        op_ids[r.operator] if r.operator else None,
+                        r.subtask,
+                        r.key_group_start,
+                        r.key_group_end,
+                        None if r.details is None else json.dumps(r.details),
+                    )
+                    for r in refs
+                ],
+            )
+            return len(refs)
+
+    def record_key_group_stats(self, snapshot_id: int, stats: Iterable[KeyGroupStatRow]) -> int:
+        """Record rows and bytes per key group (one executemany); returns how many rows."""
+        rows = list(stats)
+        if not rows:
+            return 0
+        with self._write() as s:
+            snap = self._lock_snapshot(
+                s, snapshot_id, ("PENDING", "COMPLETED"), "record key-group stats for"
+            )
+            seen: set[tuple[str, int]] = set()
+            for r in rows:
+                check_name(r.operator, "a key-group stat's operator uid")
+                check_int(r.key_group, "key_group", 0, snap.max_parallelism - 1)
+                check_int(r.rows, "rows", 0)
+                check_int(r.bytes, "bytes", 0)
+                if (r.operator, r.key_group) in seen:
+                    raise InvalidCatalogInput(
+                        f"key group {r.key_group} of operator {r.operator!r} appears twice; "
+                        "send one row per operator and key group"
+                    )
+                seen.add((r.operator, r.key_group))
+            op_ids = self._operator_ids(s, snap.job_id, {r.operator for r in rows})
+            recorded = s.scalars(
+                select(KeyGroupStat.operator_id).where(
+                    KeyGroupStat.snapshot_id == snap.id,
+                    KeyGroupStat.operator_id.in_(list(op_ids.values())),
+                )
+            ).all()
+            for uid, op_id in op_ids.items():
+                if op_id in recorded:
+                    raise InvalidCatalogInput(
+                        f"key-group stats of operator {uid!r} in snapshot {snap.id} are already "
+                        "recorded; they are written once per snapshot"
+                    )
+            _executemany(
+                s,
+                KeyGroupStat.__table__.name,
+                ("snapshot_id", "operator_id", "key_group", "rows", "bytes"),
+                [(snap.id, op_ids[r.operator], r.key_group, r.rows, r.bytes) for r in rows],
+            )
+            return len(rows)
+
+    def complete_snapshot(
+        self,
+        snapshot_id: int,
+        expected_version: int,
+        *,
+        bytes: int | None = None,
+        entries: int | None = None,
+    ) -> SnapshotRecord:
+        """PENDING -> COMPLETED by compare-and-swap on the version the caller read.
+
+        ``bytes`` defaults to the size of the attached files, ``entries`` to the recorded rows.
+        CommitConflict if another writer changed the snapshot since; InvalidSnapshotTransition if
+        it is not PENDING.
+        """
+        check_int(expected_version, "expected_version", 0)
+        with self._write() as s:
+            if bytes is None:
+                file_ids = (
+                    select(SnapshotFile.file_id)
+                    .where(SnapshotFile.snapshot_id == snapshot_id)
+                    .scalar_subquery()
+                )
+                bytes = s.scalar(
+                    select(func.coalesce(func.sum(File.size), 0)).where(File.id.in_(file_ids))
+                )
+            if entries is None:
+                entries = s.scalar(
+                    select(func.coalesce(func.sum(KeyGroupStat.rows), 0)).where(
+                        KeyGroupStat.snapshot_id == snapshot_id
+                    )
+                )
+            now = self.now()
+            created = s.scalar(select(Snapshot.created_at).where(Snapshot.id == snapshot_id))
+            duration = None if created is None else int((now - created).total_seconds() * 1000)
+            self._transition(
+                s,
+                snapshot_id,
+                ("PENDING",),
+                "COMPLETED",
+                expected_version,
+                completed_at=now,
+                duration_ms=max(duration or 0, 0),
+                bytes=check_int(int(bytes or 0), "bytes", 0),
+                entries=check_int(int(entries or 0), "entries", 0),
+            )
+            self._record_sizes(s, snapshot_id)
+            return self._snapshot_record(s, snapshot_id)
+
+    def fail_snapshot(
+        self, snapshot_id: int, *, error: str | None = None, expected_version: int | None = None
+    ) -> SnapshotRecord:
+        """PENDING -> FAILED: its files are no longer pinned by it."""
+        with self._write() as s:
+            self._transition(s, snapshot_id, ("PENDING",), "FAILED", expected_version, error=error)
+            return self._snapshot_record(s, snapshot_id)
+
+    def subsume_snapshot(
+        self, snapshot_id: int, *, expected_version: int | None = None
+    ) -> SnapshotRecord:
+        """COMPLETED checkpoint -> SUBSUMED (a newer one replaces it); savepoints are refused."""
+        with self._write() as s:
+            snap = self._snapshot_record(s, snapshot_id)
+            if snap.kind == "SAVEPOINT":
+                raise InvalidSnapshotTransition(
+                    f"snapshot {snapshot_id} is a savepoint, owned by the user and never subsumed; "
+                    "discard it explicitly if it is no longer needed"
+                )
+            self._transition(s, snapshot_id, ("COMPLETED",), "SUBSUMED", expected_version)
+            return self._snapshot_record(s, snapshot_id)
+
+    def discard_snapshot(
+        self, snapshot_id: int, *, expected_version: int | None = None
+    ) -> SnapshotRecord:
+        """COMPLETED, SUBSUMED or FAILED -> DISCARDED: the snapshot can no longer be restored."""
+        with self._write() as s:
+            self._transition(
+                s, snapshot_id, ("COMPLETED", "SUBSUMED", "FAILED"), "DISCARDED", expected_version
+            )
+            return self._snapshot_record(s, snapshot_id)
+
+    # --- files ---
+
+    def snapshot_files(
+        self, snapshot_id: int, *, limit: int | None = None, offset: int = 0
+    ) -> list[SnapshotFileRecord]:
+        """The files a snapshot references, by operator, subtask and path."""
+        with self._read() as s:
+            self._snapshot_record(s, snapshot_id)
+            rows = s.execute(window(_snapshot_files_stmt(snapshot_id), limit, offset))
+            return [SnapshotFileRecord(*row) for row in rows]
+
+    def snapshot_files_page(
+        self, snapshot_id: int, *, limit: int | None = None, offset: int = 0
+    ) -> Page[SnapshotFileRecord]:
+        """A page of :meth:`snapshot_files` and how many references there are in all."""
+        with self._read() as s:
+            self._snapshot_record(s, snapshot_id)
+            stmt = _snapshot_files_stmt(snapshot_id)
+            items = [SnapshotFileRecord(*row) for row in s.execute(window(stmt, limit, offset))]
+            total = s.scalar(select(func.count()).where(SnapshotFile.snapshot_id == snapshot_id))
+            return Page(items, int(total or 0), offset, limit)
+
+    def snapshot_files_summary(self, snapshot_id: int) -> FilesSummary:
+        """Counts and bytes of what a snapshot references, computed in the database."""
+        with self._read() as s:
+            self._snapshot_record(s, snapshot_id)
+            refs = s.scalar(select(func.count()).where(SnapshotFile.snapshot_id == snapshot_id))
+            used = (
+                select(SnapshotFile.file_id)
+                .where(SnapshotFile.snapshot_id == snapshot_id)
+                .scalar_subquery()
+            )
+            files, size, shared_files, shared_bytes = s.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.sum(File.size), 0),
+                    func.coalesce(func.sum(case((File.shared, 1), else_=0)), 0),
+                    func.coalesce(func.sum(case((File.shared, File.size), else_=0)), 0),
+                ).where(File.id.in_(used))
+            ).one()
+            return FilesSummary(
+                int(refs or 0), int(files), int(size), int(shared_files), int(shared_bytes)
+            )
+
+    def releasable_files(self, job: str | int) -> list[FileRecord]:
+        """Files of the job that no retained (PENDING or COMPLETED) snapshot references."""
+        with self._read() as s:
+            job_id = _resolve_job(s, job).id
+            rows = s.scalars(
+                select(File).where(File.job_id == job_id, File.live_refs == 0).order_by(File.id)
+            )
+            return [_file(f) for f in rows]
+
+    def orphan_candidates(
+        self, job: str | int | None = None, *, limit: int | None = None
+    ) -> list[FileRecord]:
+        """Files no live snapshot references, of one job or of all jobs (oldest first)."""
+        with self._read() as s:
+            stmt = select(File).where(File.live_refs == 0)
+            if job is not None:
+                stmt = stmt.where(File.job_id == _resolve_job(s, job).id)
+            return [_file(f) for f in s.scalars(stmt.order_by(File.id).limit(limit))]
+
+    def live_paths(self, job: str | int) -> set[str]:
+        """Paths that a retained snapshot of the job references: never to be deleted."""
+        with self._read() as s:
+            job_id = _resolve_job(s, job).id
+            return set(
+                s.scalars(select(File.path).where(File.job_id == job_id, File.live_refs > 0))
+            )
+
+    def known_paths(self, job: str | int) -> set[str]:
+        """Every path the catalog knows for the job (live or releasable)."""
+        with self._read() as s:
+            job_id = _resolve_job(s, job).id
+            return set(s.scalars(select(File.path).where(File.job_id == job_id)))
+
+    def forget_files(self, job: str | int, paths: Iterable[str], *, lease: str, token: int) -> int:
+        """Remove deleted files from the catalog, under a lease; returns how many were known.
+
+        Refused (nothing removed) if a retained snapshot still references one of them, or if the
+        fencing token is stale. Unknown paths are skipped, so a retry is harmless.
+        """
+        wanted = list(dict.fromkeys(paths))
+        with self._write() as s:
+            self._check_lease_in(s, lease, token)
+            job_row = _resolve_job(s, job)
+            rows: list[tuple[int, str, int]] = []
+            for part in chunks(wanted):
+                rows.extend(
+                    s.execute(
+                        select(File.id, File.path, File.live_refs).where(
+                            File.job_id == job_row.id, File.path.in_(part)
+                        )
+                    ).all()
+                )
+            live = [path for _, path, refs in rows if refs > 0]
+            if live:
+                raise InvalidCatalogInput(
+                    f"{len(live)} file(s) are still referenced by retained snapshots of job "
+                    f"{job_row.name!r} (e.g. {live[0]}); subsume or discard those snapshots first"
+                )
+            ids = [fid for fid, _, _ in rows]
+            for part in chunks(ids):
+                s.execute(delete(SnapshotFile).where(SnapshotFile.file_id.in_(part)))
+                s.execute(delete(File).where(File.id.in_(part)))
+            return len(ids)
+
+    # --- questions ---
+
+    def state_size_history(
+        self, job: str | int, *, operator: str | None = None, limit: int | None = None
+    ) -> list[SizePoint]:
+        """Size per operator of each completed snapshot of the job, oldest first.
+
+        ``limit`` keeps the newest ``limit`` snapshots (all their operators); to page through
+        the points instead, use :meth:`size_history_page`.
+        """
+        with self._read() as s:
+            stmt = _size_history_stmt(_resolve_job(s, job).id, operator, limit)
+            return [SizePoint(*row) for row in s.execute(stmt)]
+
+    def size_history_page(
+        self,
+        job: str | int,
+        *,
+        operator: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> Page[SizePoint]:
+        """A page of :meth:`state_size_history`'s points and how many there are in all."""
+        with self._read() as s:
+            stmt = _size_history_stmt(_resolve_job(s, job).id, operator, None)
+            items = [SizePoint(*row) for row in s.execute(window(stmt, limit, offset))]
+            return Page(items, count_rows(s, stmt), offset, limit)
+
+    def key_group_skew(self, snapshot_id: int) -> list[SkewRecord]:
+        v = views.key_group_skew
+        with self._read() as s:
+            self._snapshot_record(s, snapshot_id)
+            rows = s.execute(
+                select(
+                    v.c.snapshot_id,
+                    v.c.operator,
+                    v.c.key_groups,
+                    v.c.recorded_key_groups,
+                    v.c.total_rows,
+                    v.c.max_rows,
+                    v.c.mean_rows,
+                    v.c.skew,
+                )
+                .where(v.c.snapshot_id == snapshot_id)
+                .order_by(v.c.operator)
+            )
+            return [
+                SkewRecord(sid, op, int(kg), int(rec), int(tot), int(mx), float(mean), skew)
+                for sid, op, kg, rec, tot, mx, mean, skew in rows
+            ]
+
+    def key_group_stats(
+        self, snapshot_id: int, operator: str | None = None
+    ) -> list[KeyGroupStatRow]:
+        with self._read() as s:
+            self._snapshot_record(s, snapshot_id)
+            stmt = (
+                select(Operator.uid, KeyGroupStat.key_group, KeyGroupStat.rows, KeyGroupStat.bytes)
+                .join(Operator, Operator.id == KeyGroupStat.operator_id)
+                .where(KeyGroupStat.snapshot_id == snapshot_id)
+            )
+            if operator is not None:
+                stmt = stmt.where(Operator.uid == operator)
+            rows = s.execute(stmt.order_by(Operator.uid, KeyGroupStat.key_group))
+            return [KeyGroupStatRow(*row) for row in rows]
+
+    def query(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
+        """Run one read-only SELECT / WITH / EXPLAIN; a write is refused (ReadOnlyViolation)."""
+        return run_readonly(self.engine, sql, max_rows=max_rows)
+
+    # --- internals ---
+
+    def _snapshot_record(self, s: Session, snapshot_id: int) -> SnapshotRecord:
+        row = s.execute(
+            select(Snapshot, Job.name)
+            .join(Job, Job.id == Snapshot.job_id)
+            .where(Snapshot.id == snapshot_id)
+            .execution_options(populate_existing=True)
+        ).one_or_none()
+        if row is None:
+            raise _no_snapshot(snapshot_id)
+        return _snapshot(row[0], row[1])
+
+    def _lock_snapshot(
+        self, s: Session, snapshot_id: int, allowed: tuple[str, ...], action: str
+    ) -> Snapshot:
+        # The row lock (PostgreSQL) keeps a concurrent completion out until this write commits.
+        snap = s.scalars(
+            select(Snapshot).where(Snapshot.id == snapshot_id).with_for_update()
+        ).one_or_none()
+        if snap is None:
+            raise _no_snapshot(snapshot_id)
+        if snap.status not in allowed:
+            raise InvalidSnapshotTransition(
+                f"cannot {action} snapshot {snapshot_id}: it is {snap.status}, and that is only "
+                f"allowed while it is {' or '.join(allowed)}; begin a new snapshot instead"
+            )
+        return snap
+
+    def _operator_ids(self, s: Session, job_id: int, uids: Iterable[str]) -> dict[str, int]:
+        wanted = set(uids)
+        if not wanted:
+            return {}
+        found = dict(
+            s.execute(
+                select(Operator.uid, Operator.id).where(
+                    Operator.job_id == job_id, Operator.uid.in_(list(wanted))
+                )
+            ).all()
+        )
+        missing = sorted(wanted - found.keys())
+        if missing:
+            now = self.now()
+            for uid in missing:
+                check_name(uid, "an operator uid")
+            returned = s.connection().execute(
+                insert(Operator.__table__).returning(
+                    Operator.__table__.c.uid, Operator.__table__.c.id
+                ),
+                [{"job_id": job_id, "uid": uid, "created_at": now} for uid in missing],
+            )
+            found.update(returned.all())
+        return found
+
+    def _transition(
+        self,
+        s: Session,
+        snapshot_id: int,
+        allowed: tuple[str, ...],
+        target: str,
+        expected_version: int | None,
+        **values: Any,
+    ) -> None:
+        # FOR UPDATE (PostgreSQL): a concurrent writer waits here, then sees the winner's row.
+        current = s.execute(
+            select(Snapshot.status, Snapshot.version)
+            .where(Snapshot.id == snapshot_id)
+            .with_for_update()
+        ).one_or_none()
+        if current is None:
+            raise _no_snapshot(snapshot_id)
+        status, version = current
+        if expected_version is not None and version != expected_version:
+            raise CommitConflict(
+                f"snapshot {snapshot_id} changed under you: expected version {expected_version}, "
+                f"found version {version} ({status}); another writer committed first: reload "
+                "the snapshot and decide again"
+            )
+        if status not in allowed:
+            raise InvalidSnapshotTransition(
+                f"snapshot {snapshot_id} is {status}; only a {' or '.join(allowed)} snapshot can "
+                f"become {target}"
+            )
+        changed = s.execute(
+            update(Snapshot)
+            .where(
+                Snapshot.id == snapshot_id,
+                Snapshot.status == status,
+                Snapshot.version == version,
+            )
+            .values(status=target, version=Snapshot.version + 1, **values)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if changed != 1:
+            raise CommitConflict(
+                f"snapshot {snapshot_id} changed while being moved to {target}; reload it and retry"
+            )
+        if status in RETAINED_STATUSES and target not in RETAINED_STATUSES:
+            # Only retained snapshots count as live references; this one just stopped being one.
+            used = (
+                select(SnapshotFile.file_id)
+                .where(SnapshotFile.snapshot_id == snapshot_id)
+                .scalar_subquery()
+            )
+            s.execute(
+                update(File)
+                .where(File.id.in_(used))
+                .values(live_refs=File.live_refs - 1)
+                .execution_options(synchronize_session=False)
+            )
+
+    def _record_sizes(self, s: Session, snapshot_id: int) -> None:
+        pairs = (
+            select(SnapshotFile.operator_id, SnapshotFile.file_id)
+            .where(SnapshotFile.snapshot_id == snapshot_id)
+            .distinct()
+            .subquery()
+        )
+        totals = (
+            select(
+                literal(snapshot_id),
+                pairs.c.operator_id,
+                func.count(),
+                func.coalesce(func.sum(File.size), 0),
+                func.coalesce(func.sum(case((File.shared, File.size), else_=0)), 0),
+            )
+            .select_from(pairs)
+            .join(File, File.id == pairs.c.file_id)
+            .group_by(pairs.c.operator_id)
+        )
+        s.execute(
+            insert(SnapshotSize).from_select(
+                ["snapshot_id", "operator_id", "files", "bytes", "shared_bytes"], totals
+            )
+        )
+
+
+def _executemany(s: Session, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+    """One DBAPI executemany of plain values (already validated and JSON-encoded).
+
+    The hot path of snapshot registration: SQLAlchemy's per-row parameter processing would cost
+    more than the database's own work here.
+    """
+    conn = s.connection()
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
+    conn.exec_driver_sql(sql, rows)
+
+
+def _jobs_stmt() -> Select[tuple[Job]]:
+    return select(Job).order_by(Job.name)
+
+
+def _snapshots_stmt(
+    job_id: int, status: str | Sequence[str] | None, kind: str | None
+) -> Select[tuple[Snapshot]]:
+    stmt = select(Snapshot).where(Snapshot.job_id == job_id)
+    if status is not None:
+        statuses = [status] if isinstance(status, str) else list(status)
+        stmt = stmt.where(Snapshot.status.in_([st.upper() for st in statuses]))
+    if kind is not None:
+        stmt = stmt.where(Snapshot.kind == check_choice(kind, "kind", SNAPSHOT_KINDS))
+    return stmt.order_by(Snapshot.checkpoint_id.desc())
+
+
+def _snapshot_files_stmt(snapshot_id: int) -> Select[Any]:
+    # The tables rather than sk_v_snapshot_files: the reference id ends the ORDER BY, so pages
+    # cut by offset never overlap or skip (one path may be read by several subtasks).
+    return (
+        select(
+            SnapshotFile.snapshot_id,
+            File.id,
+            File.path,
+            File.size,
+            File.checksum,
+            File.shared,
+            Operator.uid,
+            SnapshotFile.subtask,
+            SnapshotFile.key_group_start,
+            SnapshotFile.key_group_end,
+            File.created_by_snapshot_id,
+            File.last_used_snapshot_id,
+        )
+        .join(File, File.id == SnapshotFile.file_id)
+        .outerjoin(Operator, Operator.id == SnapshotFile.operator_id)
+        .where(SnapshotFile.snapshot_id == snapshot_id)
+        .order_by(Operator.uid, SnapshotFile.subtask, File.path, SnapshotFile.id)
+    )
+
+
+def _size_history_stmt(job_id: int, operator: str | None, newest: int | None) -> Select[Any]:
+    v = views.state_size
+    stmt = select(
+        v.c.snapshot_id,
+        v.c.checkpoint_id,
+        v.c.kind,
+        v.c.status,
+        v.c.completed_at,
+        v.c.operator,
+        v.c.files,
+        v.c.bytes,
+        v.c.shared_bytes,
+    ).where(v.c.job_id == job_id)
+    if operator is not None:
+        stmt = stmt.where(v.c.operator == operator)
+    if newest is not None:
+        recent = (
+            select(Snapshot.id)
+            .where(Snapshot.job_id == job_id, Snapshot.completed_at.is_not(None))
+            .order_by(Snapshot.checkpoint_id.desc())
+            .limit(newest)
+        )
+        stmt = stmt.where(v.c.snapshot_id.in_(recent.scalar_subquery()))
+    # (checkpoint id, operator) is unique within a job: a total order for paging.
+    return stmt.order_by(v.c.checkpoint_id, v.c.operator)
+
+
+def _resolve_job(s: Session, job: str | int) -> Job:
+    if isinstance(job, bool) or not isinstance(job, str | int):
+        raise InvalidCatalogInput(f"a job is named by its name or id, got {job!r}")
+    stmt = (
+        select(Job).where(Job.id == job)
+        if isinstance(job, int)
+        else select(Job).where(Job.name == job)
+    )
+    row = s.scalars(stmt).one_or_none()
+    if row is None:
+        raise NoSuchJob(f"no job {job!r} in the catalog; list the known jobs with `statectl jobs`")
+    return row
+
+
+def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
+    return NoSuchSnapshot(
+        f"no snapshot {snapshot_id!r} in the catalog; list a job's snapshots with "
+        "`statectl snapshots JOB`"
+    )
+
+
+def _check_file_refs(
+    refs: list[FileRef], parallelism: int, max_parallelism: int
+) -> dict[str, FileRef]:
+    # Each check is inlined for the common valid case; the check_* helpers run only to word
+    # the error (they accept what the fast tests accept, so they raise exactly when needed).
+    by_path: dict[str, FileRef] = {}
+    top = max_parallelism - 1
+    for ref in refs:
+        path, size, subtask = ref.path, ref.size, ref.subtask
+        if type(path) is not str or not 0 < len(path) <= 10_000 or path.isspace():
+            check_name(path, "a file path", 10_000)
+        if type(size) is not int or size < 0:
+            check_int(size, f"the size of {path}", 0)
+        if subtask is not None and (type(subtask) is not int or not 0 <= subtask < parallelism):
+            check_int(subtask, f"the subtask of {path}", 0, parallelism - 1)
+        start, end = ref.key_group_start, ref.key_group_end
+        if start is not None or end is not None:
+            if start is None or end is None:
+                raise InvalidCatalogInput(
+                    f"{path}: give both key_group_start and key_group_end, or neither"
+                )
+            if type(start) is not int or not 0 <= start <= top:
+                check_int(start, f"key_group_start of {path}", 0, top)
+            if type(end) is not int or not start <= end <= top:
+                check_int(end, f"key_group_end of {path}", start, top)
+        if ref.details is not None:
+            as_json(ref.details, f"details of {path}")
+        prev = by_path.setdefault(path, ref)
+        if prev is not ref and (prev.size, prev.checksum, prev.shared) != (
+            size,
+            ref.checksum,
+            ref.shared,
+        ):
+            raise InvalidCatalogInput(
+                f"{path} is listed twice with different size, checksum or shared flag; "
+                "one path is one file"
+            )
+    return by_path
+
+
+def _check_reuse(
+    ref: FileRef,
+    snap_id: int,
+    snap_job_id: int,
+    fid: int,
+    job_id: int,
+    size: int,
+    checksum: str | None,
+    created_by: int | None,
+) -> None:
+    if job_id != snap_job_id:
+        raise FileAlreadyRegistered(
+            f"{ref.path} is already registered to another job (file {fid}); a file belongs to "
+            "one job: write this snapshot's files under its own job's directory"
+        )
+    if size != ref.size or (checksum and ref.checksum and checksum != ref.checksum):
+        raise FileAlreadyRegistered(
+            f"{ref.path} is already registered with size {size} and checksum {checksum}, not "
+            f"{ref.size} / {ref.checksum}; file names are never reused: write it under a new name"
+        )
+    if created_by != snap_id and not ref.shared:
+        raise FileAlreadyRegistered(
+            f"{ref.path} is already registered by snapshot {created_by}; a file exclusive to one "
+            f"snapshot cannot be attached to snapshot {snap_id}: attach it as shared, or write "
+            "a new file under a new name"
+        )
+
+
+def _job(j: Job) -> JobRecord:
+    return JobRecord(j.id, j.name, j.max_parallelism, j.location, j.properties, j.created_at)
+
+
+def _state(r: State, operator: str) -> StateRecord:
+    return StateRecord(
+        r.id,
+        r.operator_id,
+        operator,
+        r.name,
+        r.kind,
+        r.serializers,
+        r.ttl,
+        r.created_at,
+        r.updated_at,
+    )
+
+
+def _snapshot(r: Snapshot, job: str) -> SnapshotRecord:
+    return SnapshotRecord(
+        id=r.id,
+        job_id=r.job_id,
+        job=job,
+        checkpoint_id=r.checkpoint_id,
+        kind=r.kind,
+        format=r.format,
+        status=r.status,
+        parent_id=r.parent_id,
+        parallelism=r.parallelism,
+        max_parallelism=r.max_parallelism,
+        location=r.location,
+        bytes=r.bytes,
+        entries=r.entries,
+        created_at=r.created_at,
+        completed_at=r.completed_at,
+        duration_ms=r.duration_ms,
+        trigger=r.trigger,
+        version=r.version,
+        error=r.error,
+    )
+
+
+def _file(f: File) -> FileRecord:
+    return FileRecord(
+        f.id,
+        f.job_id,
+        f.path,
+        f.size,
+        f.checksum,
+        f.shared,
+        f.created_by_snapshot_id,
+        f.last_used_snapshot_id,
+        f.live_refs,
+        f.created_at,
+    )

@@ -1,0 +1,810 @@
+"""The checkpoint manager: two-phase snapshots of a job's subtasks, registered in the catalog.
+
+``trigger`` runs the synchronous phase on the caller's (task) thread: every backend fixes a view
+and operator-state rows are copied. The asynchronous phase runs on the manager's checkpoint
+thread (one snapshot at a time, in trigger order) while processing continues: data files, then
+the catalog attachments and key-group stats (still PENDING, so orphan cleanup keeps its hands off),
+then ``_metadata``, then PENDING -> COMPLETED by compare-and-swap, last of all. Afterwards
+checkpoints beyond ``retained`` are subsumed and the files the catalog then calls releasable are
+deleted from storage (under the job's file lease) and forgotten.
+
+A failed or cancelled snapshot leaves nothing behind: its new files are removed, the catalog row
+ends DISCARDED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from state_engine.backends.base import KeyedStateBackend
+from state_engine.catalog.records import FileRef, KeyGroupStatRow, SnapshotRecord
+from state_engine.catalog.repository import Catalog
+from state_engine.checkpoint.canonical import (
+    DEFAULT_ROW_GROUP_BYTES,
+    KeyGroupStats,
+    write_operator_state,
+)
+from state_engine.checkpoint.metadata import (
+    METADATA_FILE,
+    OperatorSnapshot,
+    SnapshotFile,
+    SnapshotFormat,
+    SnapshotKind,
+    SnapshotMetadata,
+    SubtaskSnapshot,
+    write_metadata,
+)
+from state_engine.checkpoint.registry import SharedStateRegistry
+from state_engine.checkpoint.state import (
+    RestoredState,
+    RestoreMode,
+    StateBackendFactory,
+    SubtaskState,
+)
+from state_engine.checkpoint.storage import (
+    CheckpointStorage,
+    SnapshotDir,
+    format_checksum,
+    remove_empty_dirs,
+)
+from state_engine.checkpoint.strategies import (
+    CanonicalSnapshotStrategy,
+    Capture,
+    NativeSnapshotStrategy,
+    SubtaskResult,
+    WriteContext,
+    is_native,
+)
+from state_engine.errors import (
+    CommitConflict,
+    InvalidSnapshotRequest,
+    InvalidSnapshotTransition,
+    LeaseError,
+    SnapshotCancelled,
+    StatekeeperError,
+)
+from state_engine.faults import crash_point
+from state_engine.keygroups import compute_key_group_range_for_operator_index
+
+FORMATS = ("canonical", "native", "delta")
+KINDS = ("CHECKPOINT", "SAVEPOINT")
+OPERATOR_STATE_PREFIX = "@operator/"
+FILE_LEASE_TTL_S = 120.0
+
+
+def operator_state_key(name: str) -> str:
+    """Where an operator state's meta sits in ``OperatorSnapshot.states`` (keyed states: name)."""
+    return OPERATOR_STATE_PREFIX + name
+
+
+def file_lease_name(job: str) -> str:
+    """The lease that guards deleting a job's snapshot files (shared with expire/orphan jobs)."""
+    return f"statekeeper/{job}/files"
+
+
+@dataclass
+class SnapshotStats:
+    """What one snapshot cost: bytes and files written now, files referenced from before."""
+
+    bytes_written: int = 0
+    files_written: int = 0
+    files_reused: int = 0
+    entries: int = 0
+    full_bytes: int = 0
+    sync_ms: float = 0.0
+    async_ms: float = 0.0
+
+
+@dataclass
+class _Job:
+    record: SnapshotRecord
+    snapshot: SnapshotDir
+    kind: SnapshotKind
+    format: SnapshotFormat
+    parallelism: int
+    captures: list[Capture]
+    operator_rows: dict[str, dict[int, tuple[list[Any], dict[str, dict[str, Any]]]]]
+    incremental: bool
+    parent: SnapshotRecord | None
+    ctx: WriteContext
+    stats: SnapshotStats = field(default_factory=SnapshotStats)
+    committed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class PendingSnapshot:
+    """A snapshot whose asynchronous phase runs (or waits to run) on the checkpoint thread."""
+
+    def __init__(self, job: _Job, future: Future[SnapshotRecord]) -> None:
+        self._job = job
+        self._future = future
+        self.checkpoint_id = job.record.checkpoint_id
+        self.snapshot_id = job.record.id
+        self.kind = str(job.kind)
+        self.location = job.snapshot.url
+
+    @property
+    def stats(self) -> SnapshotStats:
+        return self._job.stats
+
+    def result(self, timeout: float | None = None) -> SnapshotRecord:
+        """The COMPLETED catalog record; raises what failed the snapshot (SnapshotCancelled...)."""
+        try:
+            return self._future.result(timeout)
+        except CancelledError as exc:
+            raise SnapshotCancelled(
+                f"snapshot {self.location} (checkpoint {self.checkpoint_id}) was cancelled "
+                "before it started writing; nothing of it is kept: trigger a new one"
+            ) from exc
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> bool:
+        """Stop the snapshot; True unless it already committed. Its files are removed and its
+        catalog row ends DISCARDED once the checkpoint thread has stopped it."""
+        with self._job.lock:
+            if self._job.committed:
+                return False
+            self._job.ctx.cancelled.set()
+            return True
+
+    def __repr__(self) -> str:
+        return f"PendingSnapshot({self.kind} {self.checkpoint_id} at {self.location})"
+
+
+class CheckpointManager:
+    """Checkpoints and savepoints of one job, and restores of them at any parallelism.
+
+    ``format``: ``canonical`` (full Parquet), ``native`` (RocksDB files; with ``incremental``
+    SSTs are uploaded once into ``shared/``; heap backends are written canonical), ``delta``
+    (heap incremental: deltas on a canonical base, a new base every ``full_every`` deltas;
+    RocksDB backends are written canonical).
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        storage: CheckpointStorage | str,
+        job: str,
+        *,
+        max_parallelism: int,
+        parallelism: int,
+        format: str = "canonical",
+        retained: int = 3,
+        incremental: bool = False,
+        full_every: int = 8,
+        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+        verify_checksums: bool = False,
+    ) -> None:
+        if format not in FORMATS:
+            raise InvalidSnapshotRequest(
+                f"checkpoint format {format!r} of job {job!r} is unknown; use one of "
+                f"{', '.join(FORMATS)}"
+            )
+        if retained < 1 or full_every < 1:
+            raise InvalidSnapshotRequest(
+                f"retained ({retained}) and full_every ({full_every}) of job {job!r} must be >= 1"
+            )
+        self.catalog = catalog
+        self.storage = (
+            storage if isinstance(storage, CheckpointStorage) else CheckpointStorage(storage)
+        )
+        self.job = self.storage.job_dir(job)
+        self.max_parallelism = max_parallelism
+        self.parallelism = parallelism
+        self.format = format
+        self.retained = retained
+        self.incremental = incremental or format == "delta"
+        self.full_every = full_every
+        self.row_group_bytes = row_group_bytes
+        self.verify_checksums = verify_checksums
+        self.registry = SharedStateRegistry()
+        self.job_record = catalog.register_job(
+            job, max_parallelism=max_parallelism, location=self.storage.url_of(self.job)
+        )
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-{job}")
+        self._owned: dict[int, SnapshotRecord] = {}  # snapshot id -> completed checkpoint
+        self._last_completed: SnapshotRecord | None = None
+        self._force_full = False
+        self._registered_states: dict[tuple[str, str], Any] = {}
+        self._closed = False
+        # heap delta chains, per (operator uid, subtask): see delta.py
+        self._chains: dict[tuple[str, int], Any] = {}
+        self._to_confirm: list[Any] = []
+
+    # --- snapshots ---
+
+    def trigger(
+        self,
+        subtasks: Sequence[SubtaskState],
+        *,
+        kind: str = "CHECKPOINT",
+        savepoint_dir: str | None = None,
+        trigger: str = "periodic",
+        format: str | None = None,
+    ) -> PendingSnapshot:
+        """The synchronous phase; returns once every backend fixed its view."""
+        started = time.perf_counter()
+        kind_ = self._check_kind(kind, savepoint_dir)
+        fmt = self._format_for(kind_, format)
+        parallelism = self._check_subtasks(subtasks)
+        self.notify_checkpoint_complete()
+        incremental = (
+            kind_ is SnapshotKind.CHECKPOINT
+            and fmt is not SnapshotFormat.CANONICAL
+            and self.incremental
+            and not self._force_full
+        )
+        parent = self._last_completed if incremental else None
+        record, snap = self._begin(kind_, fmt, parallelism, savepoint_dir, trigger, parent)
+        ctx = WriteContext(
+            snapshot=snap,
+            checkpoint_id=record.checkpoint_id,
+            savepoint=kind_ is SnapshotKind.SAVEPOINT,
+            incremental=incremental,
+            cancelled=threading.Event(),
+            registry=self.registry,
+            row_group_bytes=self.row_group_bytes,
+        )
+        captures: list[Capture] = []
+        try:
+            for st in subtasks:
+                for uid in sorted(st.keyed):
+                    captures.append(
+                        self._capture(fmt, uid, st.subtask_index, st.keyed[uid], record, ctx)
+                    )
+            operator_rows = {
+                uid: {
+                    st.subtask_index: (
+                        list(st.operator[uid].snapshot_rows()),
+                        {n: m.to_dict() for n, m in st.operator[uid].state_meta().items()},
+                    )
+                    for st in subtasks
+                    if uid in st.operator
+                }
+                for uid in sorted({u for st in subtasks for u in st.operator})
+            }
+        except BaseException as exc:
+            for c in captures:
+                with contextlib.suppress(Exception):
+                    c.release()
+            self._abandon(record, snap, exc)
+            raise
+        job = _Job(
+            record=record,
+            snapshot=snap,
+            kind=kind_,
+            format=fmt,
+            parallelism=parallelism,
+            captures=captures,
+            operator_rows=operator_rows,
+            incremental=incremental,
+            parent=parent,
+            ctx=ctx,
+        )
+        job.stats.sync_ms = (time.perf_counter() - started) * 1000
+        if kind_ is SnapshotKind.CHECKPOINT and fmt is not SnapshotFormat.CANONICAL:
+            self._force_full = False
+        future = self._executor.submit(self._run, job)
+        return PendingSnapshot(job, future)
+
+    def _check_kind(self, kind: str, savepoint_dir: str | None) -> SnapshotKind:
+        try:
+            kind_ = SnapshotKind(str(kind).upper())
+        except ValueError:
+            raise InvalidSnapshotRequest(
+                f"snapshot kind {kind!r} for job {self.job!r} is unknown; use CHECKPOINT or "
+                "SAVEPOINT"
+            ) from None
+        if savepoint_dir is not None and kind_ is not SnapshotKind.SAVEPOINT:
+            raise InvalidSnapshotRequest(
+                f"savepoint_dir {savepoint_dir!r} given for a {kind_} of job {self.job!r}; "
+                "checkpoints live under the checkpoint root: pass kind='SAVEPOINT'"
+            )
+        if self._closed:
+            raise InvalidSnapshotRequest(
+                f"the checkpoint manager of job {self.job!r} is closed; create a new one"
+            )
+        return kind_
+
+    def _format_for(self, kind: SnapshotKind, override: str | None) -> SnapshotFormat:
+        fmt = override if override is not None else self.format
+        if fmt not in FORMATS:
+            raise InvalidSnapshotRequest(
+                f"snapshot format {fmt!r} for job {self.job!r} is unknown; use one of "
+                f"{', '.join(FORMATS)}"
+            )
+        # a savepoint is self-contained: a delta chain would reach into other snapshots
+        if kind is SnapshotKind.SAVEPOINT and (override is None or fmt == "delta"):
+            return SnapshotFormat.CANONICAL
+        return SnapshotFormat(fmt.upper())
+
+    def _check_subtasks(self, subtasks: Sequence[SubtaskState]) -> int:
+        p = len(subtasks)
+        indexes = sorted(st.subtask_index for st in subtasks)
+        if p == 0 or indexes != list(range(p)):
+            raise InvalidSnapshotRequest(
+                f"a snapshot of job {self.job!r} needs every subtask once (indexes 0..n-1), got "
+                f"{indexes}"
+            )
+        if p > self.max_parallelism:
+            raise InvalidSnapshotRequest(
+                f"{p} subtasks exceed max parallelism {self.max_parallelism} of job {self.job!r}"
+            )
+        for st in subtasks:
+            want = compute_key_group_range_for_operator_index(
+                self.max_parallelism, p, st.subtask_index
+            )
+            for uid, b in st.keyed.items():
+                if b.max_parallelism != self.max_parallelism or b.key_group_range != want:
+                    raise InvalidSnapshotRequest(
+                        f"keyed backend of operator {uid!r}, subtask {st.subtask_index} of job "
+                        f"{self.job!r} owns {b.key_group_range} of max parallelism "
+                        f"{b.max_parallelism}, but subtask {st.subtask_index} of {p} owns {want} "
+                        f"of {self.max_parallelism}; pass the backends the job runs with"
+                    )
+        self.parallelism = p
+        return p
+
+    def _begin(
+        self,
+        kind: SnapshotKind,
+        fmt: SnapshotFormat,
+        parallelism: int,
+        savepoint_dir: str | None,
+        trigger: str,
+        parent: SnapshotRecord | None,
+    ) -> tuple[SnapshotRecord, SnapshotDir]:
+        for _ in range(20):
+            latest = self.catalog.list_snapshots(self.job, limit=1)
+            cid = (latest[0].checkpoint_id + 1) if latest else 1
+            if kind is SnapshotKind.CHECKPOINT:
+                snap = self.storage.checkpoint(self.job, cid)
+            else:
+                snap = self.storage.savepoint(self.job, cid, savepoint_dir)
+            try:
+                record = self.catalog.begin_snapshot(
+                    self.job,
+                    location=snap.url,
+                    parallelism=parallelism,
+                    kind=str(kind),
+                    format=str(fmt),
+                    checkpoint_id=cid,
+                    parent_id=parent.id if parent is not None else None,
+                    max_parallelism=self.max_parallelism,
+                    trigger=trigger,
+                )
+            except CommitConflict:
+                continue  # another writer took this checkpoint id: take the next
+            if snap.has_metadata():
+                self.catalog.fail_snapshot(record.id, error="directory already committed")
+                raise InvalidSnapshotRequest(
+                    f"snapshot directory {snap.url} already holds a committed {METADATA_FILE}; "
+                    "snapshots are never overwritten: choose another savepoint directory"
+                )
+            return record, snap
+        raise InvalidSnapshotRequest(
+            f"could not reserve a checkpoint id for job {self.job!r}: others keep taking them"
+        )
+
+    def _capture(
+        self,
+        fmt: SnapshotFormat,
+        uid: str,
+        index: int,
+        backend: KeyedStateBackend,
+        record: SnapshotRecord,
+        ctx: WriteContext,
+    ) -> Capture:
+        if fmt is SnapshotFormat.NATIVE and is_native(backend):
+            return NativeSnapshotStrategy(record.checkpoint_id).capture(uid, index, backend)
+        if fmt is SnapshotFormat.DELTA and not is_native(backend):
+            from state_engine.checkpoint.heap_delta import DeltaSnapshotStrategy
+
+            strategy = DeltaSnapshotStrategy(self, record.checkpoint_id, ctx.incremental)
+            return strategy.capture(uid, index, backend)
+        return CanonicalSnapshotStrategy().capture(uid, index, backend)
+
+    # --- asynchronous phase ---
+
+    def _run(self, job: _Job) -> SnapshotRecord:
+        started = time.perf_counter()
+        ctx = job.ctx
+        results: list[SubtaskResult] = []
+        try:
+            try:
+                ctx.check()
+                for c in job.captures:
+                    ctx.check()
+                    results.append(c.write(ctx))
+            finally:
+                for c in job.captures:
+                    with contextlib.suppress(Exception):
+                        c.release()
+            ctx.check()
+            op_files = self._write_operator_state(job)
+            crash_point("checkpoint.after_data_files")
+            meta = self._metadata(job, results, op_files)
+            self._register_states(meta)
+            ctx.check()
+            self._attach(job, meta, results)
+            crash_point("checkpoint.after_attach")
+            ctx.check()
+            with job.lock:
+                ctx.check()  # a cancel after this point is refused: the commit starts
+                job.committed = True
+            write_metadata(job.snapshot, None, meta)
+            crash_point("checkpoint.after_metadata")
+            record = self.catalog.complete_snapshot(job.record.id, job.record.version)
+            crash_point("checkpoint.after_complete")
+        except BaseException as exc:
+            if job.committed and self._completed_in_catalog(job.record.id):
+                # The CAS committed but its answer was lost (a dropped connection, say): the
+                # snapshot is COMPLETED and restorable, so its files must stay.
+                raise
+            job.committed = False
+            self._abandon(job.record, job.snapshot, exc, created=ctx.created)
+            raise
+        job.stats.async_ms = (time.perf_counter() - started) * 1000
+        job.stats.full_bytes = meta.total_bytes
+        job.stats.entries = record.entries
+        self._completed(job, record, meta, results)
+        return record
+
+    def _completed_in_catalog(self, snapshot_id: int) -> bool:
+        try:
+            return self.catalog.get_snapshot(snapshot_id).status == "COMPLETED"
+        except StatekeeperError:
+            return False  # the catalog cannot say: treat the commit as not done, as before
+
+    def _write_operator_state(self, job: _Job) -> dict[str, list[tuple[int, SnapshotFile]]]:
+        out: dict[str, list[tuple[int, SnapshotFile]]] = {}
+        for uid, per_subtask in job.operator_rows.items():
+            for index, (rows, metas) in sorted(per_subtask.items()):
+                if not rows and not metas:
+                    continue
+                f = write_operator_state(job.snapshot, rows, subtask=index)
+                job.ctx.created.append(f.path)
+                out.setdefault(uid, []).append((index, f))
+        return out
+
+    def _metadata(
+        self,
+        job: _Job,
+        results: list[SubtaskResult],
+        op_files: dict[str, list[tuple[int, SnapshotFile]]],
+    ) -> SnapshotMetadata:
+        files: dict[str, SnapshotFile] = {}
+        operators = []
+        uids = sorted({r.operator_uid for r in results} | set(job.operator_rows))
+        captures = {(c.operator_uid, c.subtask_index): c for c in job.captures}
+        for uid in uids:
+            states: dict[str, dict[str, Any]] = {}
+            key_ser: dict[str, Any] | None = None
+            subtasks = []
+            for r in sorted(
+                (r for r in results if r.operator_uid == uid), key=lambda r: r.subtask_index
+            ):
+                c = captures[(uid, r.subtask_index)]
+                key_ser = key_ser or c.key_serializer
+                if key_ser != c.key_serializer:
+                    raise InvalidSnapshotRequest(
+                        f"operator {uid!r} of job {self.job!r} has different key serializers on "
+                        f"its subtasks ({key_ser} vs {c.key_serializer}); every subtask must key "
+                        "the same way"
+                    )
+                for name, m in c.states.items():
+                    self._merge_state(states, uid, name, m)
+                for f in r.files:
+                    files.setdefault(f.path, f)
+                subtasks.append(
+                    SubtaskSnapshot(
+                        r.subtask_index, r.key_group_range, tuple(f.path for f in r.files)
+                    )
+                )
+            for _index, (_rows, metas) in sorted(job.operator_rows.get(uid, {}).items()):
+                for name, m in metas.items():
+                    self._merge_state(states, uid, operator_state_key(name), m)
+            op_paths = []
+            for _index, f in op_files.get(uid, []):
+                files[f.path] = f
+                op_paths.append(f.path)
+            operators.append(
+                OperatorSnapshot(
+                    operator_id=uid,
+                    key_serializer=key_ser,
+                    states=states,
+                    subtasks=tuple(subtasks),
+                    operator_state_files=tuple(op_paths),
+                )
+            )
+        return SnapshotMetadata(
+            job=self.job,
+            checkpoint_id=job.record.checkpoint_id,
+            kind=job.kind,
+            format=job.format,
+            max_parallelism=self.max_parallelism,
+            parallelism=job.parallelism,
+            operators=tuple(operators),
+            files=tuple(files.values()),
+            parent=job.parent.checkpoint_id if job.parent is not None else None,
+        )
+
+    def _merge_state(
+        self, states: dict[str, dict[str, Any]], uid: str, name: str, meta: dict[str, Any]
+    ) -> None:
+        seen = states.setdefault(name, meta)
+        if seen != meta:
+            raise InvalidSnapshotRequest(
+                f"state {name!r} of operator {uid!r} in job {self.job!r} is registered "
+                f"differently on two subtasks ({seen} vs {meta}); every subtask must register "
+                "it with the same descriptor"
+            )
+
+    def _register_states(self, meta: SnapshotMetadata) -> None:
+        for op in meta.operators:
+            for name, m in op.states.items():
+                if (op.operator_id, name) in self._registered_states and self._registered_states[
+                    (op.operator_id, name)
+                ] == m:
+                    continue
+                if name.startswith(OPERATOR_STATE_PREFIX):
+                    kind, ttl = f"operator-{m['mode'].lower()}", None
+                else:
+                    kind, ttl = m["kind"], m.get("ttl")
+                self.catalog.register_state(
+                    self.job, op.operator_id, name, kind=kind, serializers=m["serializers"], ttl=ttl
+                )
+                self._registered_states[(op.operator_id, name)] = m
+
+    def _url(self, snap: SnapshotDir, relative: str) -> str:
+        return snap.fs.unstrip_protocol(snap.resolve(relative))
+
+    def _attach(self, job: _Job, meta: SnapshotMetadata, results: list[SubtaskResult]) -> None:
+        snap = job.snapshot
+        refs: list[FileRef] = []
+        by_path = {f.path: f for f in meta.files}
+        for op in meta.operators:
+            for st in op.subtasks:
+                for p in st.files:
+                    f = by_path[p]
+                    refs.append(
+                        FileRef(
+                            self._url(snap, p),
+                            f.size,
+                            f.checksum,
+                            shared=f.shared,
+                            operator=op.operator_id,
+                            subtask=st.index,
+                            key_group_start=st.key_group_range[0],
+                            key_group_end=st.key_group_range[1],
+                            details={"kind": str(f.kind)},
+                        )
+                    )
+            for p in op.operator_state_files:
+                f = by_path[p]
+                refs.append(
+                    FileRef(
+                        self._url(snap, p),
+                        f.size,
+                        f.checksum,
+                        operator=op.operator_id,
+                        details={"kind": str(f.kind)},
+                    )
+                )
+        data = meta.to_json()
+        import zlib
+
+        refs.append(
+            FileRef(
+                snap.fs.unstrip_protocol(snap.metadata_path),
+                len(data),
+                format_checksum(zlib.crc32(data)),
+                details={"kind": METADATA_FILE},
+            )
+        )
+        self.catalog.attach_files(job.record.id, refs)
+        stats: list[KeyGroupStatRow] = []
+        for uid in sorted({r.operator_uid for r in results}):
+            merged: dict[int, KeyGroupStats] = {}
+            for r in results:
+                if r.operator_uid == uid:
+                    merged.update(r.key_group_stats)
+            stats.extend(
+                KeyGroupStatRow(uid, kg, s.rows, s.bytes) for kg, s in sorted(merged.items())
+            )
+        self.catalog.record_key_group_stats(job.record.id, stats)
+        job.stats.bytes_written = sum(r.bytes_written for r in results) + sum(
+            by_path[p].size for op in meta.operators for p in op.operator_state_files
+        )
+        job.stats.files_reused = sum(r.files_reused for r in results)
+        job.stats.files_written = len(job.ctx.created)
+
+    # --- completion, retention, release ---
+
+    def _completed(
+        self,
+        job: _Job,
+        record: SnapshotRecord,
+        meta: SnapshotMetadata,
+        results: list[SubtaskResult],
+    ) -> None:
+        if job.kind is not SnapshotKind.CHECKPOINT:
+            return
+        with self._lock:
+            self._last_completed = record
+            self._owned[record.id] = record
+            self.registry.register(meta.files)
+            for r in results:
+                if r.chain is not None:
+                    self._to_confirm.append((record.checkpoint_id, r))
+        self._subsume()
+        self.collect_garbage()
+
+    def _subsume(self) -> None:
+        with self._lock:
+            owned = sorted(self._owned.values(), key=lambda r: r.checkpoint_id, reverse=True)
+            drop = owned[self.retained :]
+            for r in drop:
+                self._owned.pop(r.id, None)
+        for r in drop:
+            with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
+                self.catalog.subsume_snapshot(r.id)
+
+    def collect_garbage(self) -> list[str]:
+        """Delete the job's files the catalog calls releasable (no retained snapshot uses them)
+        from storage, under the job's file lease, and forget them; returns the deleted URLs.
+
+        The catalog forgets first (under the fencing token, refusing any file a live snapshot
+        uses), storage deletes after: a crash in between leaves only files nothing references,
+        which orphan cleanup reclaims, never a catalog entry for a file that is gone.
+        """
+        base = self.storage.url_of(self.job).rstrip("/") + "/"
+        if not any(f.path.startswith(base) for f in self.catalog.releasable_files(self.job)):
+            return []
+        lease = file_lease_name(self.job)
+        try:
+            token = self.catalog.acquire_lease(
+                lease, f"checkpoint-manager-{uuid.uuid4().hex[:8]}", FILE_LEASE_TTL_S
+            )
+        except LeaseError:
+            return []  # expire/orphan cleanup is deleting right now; the next checkpoint retries
+        deleted: list[str] = []
+        try:
+            # Read again under the lease: another deleter may have finished in the meantime.
+            files = [f for f in self.catalog.releasable_files(self.job) if f.path.startswith(base)]
+            if not files:
+                return []
+            for f in files:
+                rel = f.path[len(base) :]
+                if rel.startswith("shared/"):
+                    self.registry.forget(["../" + rel])
+            self.catalog.forget_files(self.job, [f.path for f in files], lease=lease, token=token)
+            fs = self.storage.fs
+            for f in files:
+                path = fs._strip_protocol(f.path)
+                if fs.exists(path):
+                    fs.rm_file(path)
+                    crash_point("checkpoint.during_release")
+                deleted.append(f.path)
+            remove_empty_dirs(
+                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)], fs=fs
+            )
+        finally:
+            with contextlib.suppress(LeaseError):
+                self.catalog.release_lease(lease, token)
+        return deleted
+
+    def _abandon(
+        self,
+        record: SnapshotRecord,
+        snap: SnapshotDir,
+        exc: BaseException,
+        created: Sequence[str] = (),
+    ) -> None:
+        """Leave nothing of a failed or cancelled snapshot: files, then the catalog row."""
+        with contextlib.suppress(Exception):
+            for rel in created:
+                path = snap.resolve(rel)
+                if snap.fs.exists(path):
+                    snap.fs.rm_file(path)
+            self.storage.discard(snap)
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
+            self.catalog.fail_snapshot(record.id, error=error)
+        with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
+            self.catalog.discard_snapshot(record.id)
+        with contextlib.suppress(Exception):
+            self.collect_garbage()
+
+    # --- heap delta confirmation ---
+
+    def notify_checkpoint_complete(self, checkpoint_id: int | None = None) -> None:
+        """Confirm the heap delta views of completed checkpoints (up to ``checkpoint_id``).
+
+        Call it from the task thread (the thread that writes state); ``trigger`` calls it too,
+        so a runtime that never calls it still gets correct deltas.
+        """
+        with self._lock:
+            ready = [
+                (cid, r)
+                for cid, r in self._to_confirm
+                if checkpoint_id is None or cid <= checkpoint_id
+            ]
+            self._to_confirm = [x for x in self._to_confirm if x not in ready]
+        for _cid, r in ready:
+            from state_engine.checkpoint.heap_delta import confirm
+
+            confirm(self, r)
+
+    # --- restore ---
+
+    def restore(
+        self,
+        snapshot: int | str | SnapshotRecord = "latest",
+        *,
+        parallelism: int,
+        factory: StateBackendFactory,
+        key_serializer: Any = None,
+        mode: RestoreMode = RestoreMode.NO_CLAIM,
+        clock: Any = None,
+        subtask_indexes: Sequence[int] | None = None,
+    ) -> RestoredState:
+        """Restore a COMPLETED snapshot at ``parallelism`` into ``factory``'s backends.
+
+        ``snapshot``: ``"latest"`` (the job's latest completed checkpoint or savepoint), a catalog
+        snapshot id, a SnapshotRecord, or a snapshot directory URL (e.g. a relocated savepoint;
+        registered in this job's catalog if it is not known yet).
+        ``subtask_indexes``: restore only these subtasks of the new parallelism (default: all);
+        ``RestoredState.subtasks`` then holds just those, in the given order.
+        """
+        from state_engine.checkpoint.restore import restore_snapshot
+
+        restored, files = restore_snapshot(
+            self,
+            snapshot,
+            parallelism=parallelism,
+            factory=factory,
+            key_serializer=key_serializer,
+            clock=clock,
+            subtask_indexes=subtask_indexes,
+        )
+        self.parallelism = parallelism
+        with self._lock:
+            self._chains.clear()
+            self._to_confirm.clear()
+            if mode is RestoreMode.CLAIM:
+                rec = restored.snapshot
+                if rec.kind == "CHECKPOINT" and rec.job_id == self.job_record.id:
+                    self._owned[rec.id] = rec
+                    self._last_completed = rec
+                    self.registry.register(files)
+                self._force_full = False
+            else:
+                # NO_CLAIM: the restored snapshot stays the user's even if this manager wrote it
+                self._owned.pop(restored.snapshot.id, None)
+                self.registry.clear()
+                self._last_completed = None
+                self._force_full = True
+        return restored
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the checkpoint thread (after the snapshots in flight, with ``wait``)."""
+        self._closed = True
+        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

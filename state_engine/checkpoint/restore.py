@@ -1,0 +1,469 @@
+"""Restore: which snapshot, whether it may be restored, and what each new subtask reads.
+
+At the same max parallelism a new subtask owns one key-group range; it reads
+
+- canonical files: only the files and row groups whose index overlaps its range;
+- delta chains: the base and delta row groups of its range, folded;
+- native RocksDB files: with a RocksDB factory, the DB of the old subtask that overlaps it most
+  is downloaded and opened, and the foreign key groups are cut out with ``delete_range`` (as Flink
+  does); other overlapping DBs are opened aside and their rows of the range inserted. With a heap
+  factory every overlapping DB is opened aside and exported as canonical rows (the bridge).
+
+Operator state goes through :func:`~state_engine.backends.operator.redistribute` by its mode.
+Nothing is written to the catalog before the snapshot's ``_metadata``, files and serializers
+check out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.operator import (
+    OperatorStateBackend,
+    OperatorStateMeta,
+    group_by_subtask,
+)
+from state_engine.catalog.records import FileRef, SnapshotRecord
+from state_engine.checkpoint.canonical import (
+    batches_to_entries,
+    read_key_groups,
+    read_operator_state,
+)
+from state_engine.checkpoint.delta import read_folded
+from state_engine.checkpoint.metadata import (
+    METADATA_FILE,
+    FileKind,
+    OperatorSnapshot,
+    SnapshotFile,
+    SnapshotKind,
+    SnapshotMetadata,
+    SubtaskSnapshot,
+    read_metadata,
+    verify,
+)
+from state_engine.checkpoint.state import RestoredState, StateBackendFactory, SubtaskState
+from state_engine.checkpoint.storage import ReadStats, SnapshotDir, format_checksum
+from state_engine.checkpoint.strategies import SHARED_PREFIX, local_name_of
+from state_engine.errors import (
+    ChecksumMismatch,
+    IncompatibleSerializer,
+    InvalidParallelism,
+    InvalidSnapshotRequest,
+    InvalidStateDescriptor,
+    SerializationError,
+    SnapshotNotRestorable,
+    StatekeeperError,
+    UnknownSerializer,
+)
+from state_engine.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
+from state_engine.serde import (
+    SerializerSnapshot,
+    TypeSerializer,
+    check_compatibility,
+    get_serializer,
+    serializer_from_snapshot,
+)
+from state_engine.state.meta import StateMetaInfo
+
+if TYPE_CHECKING:
+    from state_engine.checkpoint.manager import CheckpointManager
+
+_NATIVE = {FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE}
+_CHUNK = 1 << 20
+
+
+def resolve_snapshot(
+    manager: CheckpointManager, snapshot: int | str | SnapshotRecord
+) -> tuple[SnapshotRecord | None, SnapshotDir]:
+    """The catalog record (None for a directory the catalog does not know) and its directory."""
+    cat = manager.catalog
+    if isinstance(snapshot, SnapshotRecord):
+        snapshot = snapshot.id
+    if snapshot == "latest":
+        record = cat.latest_snapshot(manager.job)
+        if record is None:
+            raise SnapshotNotRestorable(
+                f"job {manager.job!r} has no COMPLETED checkpoint or savepoint in the catalog; "
+                "start it without state, or restore a savepoint by its directory URL"
+            )
+    elif isinstance(snapshot, int) and not isinstance(snapshot, bool):
+        record = cat.get_snapshot(snapshot)
+    elif isinstance(snapshot, str) and snapshot:
+        snap = manager.storage.snapshot(snapshot)
+        url = snap.url.rstrip("/")
+        for r in cat.list_snapshots(manager.job):
+            if r.location.rstrip("/") == url:
+                return _check_status(r), _dir_of(manager, r)
+        return None, snap
+    else:
+        raise InvalidSnapshotRequest(
+            f"restore of job {manager.job!r} takes 'latest', a catalog snapshot id or a "
+            f"snapshot directory URL, not {snapshot!r}"
+        )
+    return _check_status(record), _dir_of(manager, record)
+
+
+def _check_status(record: SnapshotRecord) -> SnapshotRecord:
+    if record.status != "COMPLETED":
+        fix = {
+            "PENDING": "it is still being written (or its writer died): wait for it, or restore "
+            "an earlier COMPLETED one",
+            "FAILED": "it never completed: restore an earlier COMPLETED one",
+        }.get(record.status, "its files may be gone: restore a COMPLETED one")
+        raise SnapshotNotRestorable(
+            f"snapshot {record.id} ({record.kind.lower()} {record.checkpoint_id} of job "
+            f"{record.job!r} at {record.location}) is {record.status}, not COMPLETED; {fix} "
+            f"(`statectl snapshots {record.job}` lists them)"
+        )
+    return record
+
+
+def _dir_of(manager: CheckpointManager, record: SnapshotRecord) -> SnapshotDir:
+    snap = manager.storage.snapshot(record.location)
+    if record.kind == "SAVEPOINT":
+        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+    return snap
+
+
+def _key_serializer(op: OperatorSnapshot, given: Any, where: str) -> TypeSerializer:
+    assert op.key_serializer is not None
+    what = f"the key of operator {op.operator_id!r} in snapshot {where}"
+    try:
+        written = SerializerSnapshot.from_dict(op.key_serializer)
+        if given is None:
+            return serializer_from_snapshot(written)
+        current = get_serializer(given)
+        check_compatibility(written, current, what)
+        return current
+    except (UnknownSerializer, SerializationError) as exc:
+        raise IncompatibleSerializer(f"{what}: {exc}") from exc
+
+
+def _state_metas(
+    op: OperatorSnapshot, where: str
+) -> tuple[dict[str, StateMetaInfo], dict[str, OperatorStateMeta]]:
+    from state_engine.checkpoint.manager import OPERATOR_STATE_PREFIX
+
+    keyed: dict[str, StateMetaInfo] = {}
+    operator: dict[str, OperatorStateMeta] = {}
+    for name, m in op.states.items():
+        try:
+            if name.startswith(OPERATOR_STATE_PREFIX):
+                om = OperatorStateMeta.from_dict(m)
+                for s in om.serializers.values():
+                    serializer_from_snapshot(s)
+                operator[om.name] = om
+            else:
+                keyed[name] = StateMetaInfo.from_dict(m)
+        except (UnknownSerializer, IncompatibleSerializer, SerializationError) as exc:
+            raise IncompatibleSerializer(
+                f"state {name!r} of operator {op.operator_id!r} in snapshot {where} cannot be "
+                f"read by this code: {exc}"
+            ) from exc
+        except (InvalidStateDescriptor, StatekeeperError) as exc:
+            raise IncompatibleSerializer(
+                f"state {name!r} of operator {op.operator_id!r} in snapshot {where} has "
+                f"unreadable meta info: {exc}"
+            ) from exc
+    return keyed, operator
+
+
+def restore_snapshot(
+    manager: CheckpointManager,
+    snapshot: int | str | SnapshotRecord,
+    *,
+    parallelism: int,
+    factory: StateBackendFactory,
+    key_serializer: Any = None,
+    clock: Any = None,
+    subtask_indexes: Sequence[int] | None = None,
+) -> tuple[RestoredState, list[SnapshotFile]]:
+    record, snap = resolve_snapshot(manager, snapshot)
+    meta = read_metadata(snap)
+    if record is None and meta.kind is not SnapshotKind.SAVEPOINT:
+        raise SnapshotNotRestorable(
+            f"{snap.url} is a checkpoint the catalog of job {manager.job!r} does not know; "
+            "checkpoints reference shared files and restore through the catalog that recorded "
+            "them: restore it from there, or take a savepoint"
+        )
+    if record is None:
+        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+    verify(snap, meta, deep=manager.verify_checksums)
+    where = snap.url
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        raise InvalidParallelism(
+            f"restore parallelism {parallelism!r} for snapshot {where} must be an int >= 1"
+        )
+    if parallelism > meta.max_parallelism:
+        raise InvalidParallelism(
+            f"parallelism {parallelism} exceeds max parallelism {meta.max_parallelism} of "
+            f"snapshot {where}; restore at {meta.max_parallelism} or less, or rescale the "
+            "savepoint to a higher max parallelism offline (the rescale job)"
+        )
+    if meta.max_parallelism != manager.max_parallelism:
+        raise InvalidParallelism(
+            f"snapshot {where} has max parallelism {meta.max_parallelism}, but job "
+            f"{manager.job!r} runs with {manager.max_parallelism}; max parallelism is fixed for "
+            "a job's life: rescale the savepoint offline (the rescale job) first"
+        )
+    plans = []
+    for op in meta.operators:
+        given = (
+            key_serializer.get(op.operator_id)
+            if isinstance(key_serializer, Mapping)
+            else (key_serializer)
+        )
+        key_ser = _key_serializer(op, given, where) if op.key_serializer is not None else None
+        keyed, operator = _state_metas(op, where)
+        plans.append((op, key_ser, keyed, operator))
+    wanted = list(range(parallelism)) if subtask_indexes is None else list(subtask_indexes)
+    if any(
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < parallelism for i in wanted
+    ):
+        raise InvalidParallelism(
+            f"subtask indexes {wanted} for restoring snapshot {where} must lie in "
+            f"0..{parallelism - 1} (parallelism {parallelism})"
+        )
+    if record is None:
+        record = register_savepoint(manager, snap, meta)
+    subtasks = [SubtaskState(i) for i in wanted]
+    stats = [ReadStats() for _ in wanted]
+    try:
+        for op, key_ser, keyed, operator in plans:
+            if operator or op.operator_state_files:
+                rows = read_operator_state(snap, meta, operator=op.operator_id)
+                groups = group_by_subtask(rows, meta.parallelism)
+                backends = OperatorStateBackend.restore_rescaled(groups, operator, parallelism)
+                for st in subtasks:
+                    st.operator[op.operator_id] = backends[st.subtask_index]
+            if key_ser is None:
+                continue
+            for st, st_stats in zip(subtasks, stats, strict=True):
+                rng = compute_key_group_range_for_operator_index(
+                    meta.max_parallelism, parallelism, st.subtask_index
+                )
+                st.keyed[op.operator_id] = _restore_keyed(
+                    manager,
+                    snap,
+                    meta,
+                    op,
+                    rng,
+                    st.subtask_index,
+                    factory,
+                    key_ser,
+                    keyed,
+                    clock,
+                    st_stats,
+                )
+    except BaseException:
+        for st in subtasks:
+            for b in st.keyed.values():
+                with contextlib.suppress(Exception):
+                    b.close()
+        raise
+    restored = RestoredState(record, record.checkpoint_id, subtasks, stats, snap.url)
+    return restored, [f for f in meta.files if f.shared]
+
+
+def register_savepoint(
+    manager: CheckpointManager, snap: SnapshotDir, meta: SnapshotMetadata
+) -> SnapshotRecord:
+    """Record a savepoint directory the catalog does not know (e.g. relocated) as COMPLETED."""
+    cat = manager.catalog
+    record = cat.begin_snapshot(
+        manager.job,
+        location=snap.url,
+        parallelism=meta.parallelism,
+        kind="SAVEPOINT",
+        format=str(meta.format),
+        max_parallelism=meta.max_parallelism,
+        trigger="relocated",
+    )
+    try:
+        refs = []
+        for op in meta.operators:
+            for st in op.subtasks:
+                refs.extend(
+                    FileRef(
+                        snap.fs.unstrip_protocol(snap.resolve(p)),
+                        meta.file(p).size,
+                        meta.file(p).checksum,
+                        operator=op.operator_id,
+                        subtask=st.index,
+                        key_group_start=st.key_group_range[0],
+                        key_group_end=st.key_group_range[1],
+                    )
+                    for p in st.files
+                )
+            refs.extend(
+                FileRef(
+                    snap.fs.unstrip_protocol(snap.resolve(p)),
+                    meta.file(p).size,
+                    meta.file(p).checksum,
+                    operator=op.operator_id,
+                )
+                for p in op.operator_state_files
+            )
+        data = snap.read_metadata_bytes()
+        refs.append(
+            FileRef(
+                snap.fs.unstrip_protocol(snap.metadata_path),
+                len(data),
+                format_checksum(zlib.crc32(data)),
+                details={"kind": METADATA_FILE},
+            )
+        )
+        cat.attach_files(record.id, refs)
+        return cat.complete_snapshot(record.id, record.version)
+    except BaseException as exc:
+        # Separately: a failed first step must not leave the snapshot PENDING.
+        with contextlib.suppress(Exception):
+            cat.fail_snapshot(record.id, error=f"registering relocated savepoint: {exc}"[:2000])
+        with contextlib.suppress(Exception):
+            cat.discard_snapshot(record.id)
+        raise
+
+
+def _overlap(st: SubtaskSnapshot, rng: KeyGroupRange) -> KeyGroupRange:
+    return KeyGroupRange.of(*st.key_group_range).intersection(rng)
+
+
+def _restore_keyed(
+    manager: CheckpointManager,
+    snap: SnapshotDir,
+    meta: SnapshotMetadata,
+    op: OperatorSnapshot,
+    rng: KeyGroupRange,
+    index: int,
+    factory: StateBackendFactory,
+    key_ser: TypeSerializer,
+    keyed: dict[str, StateMetaInfo],
+    clock: Any,
+    stats: ReadStats,
+) -> KeyedStateBackend:
+    max_p = meta.max_parallelism
+    sources = [s for s in op.subtasks if not _overlap(s, rng).is_empty]
+    kinds = {s.index: {meta.file(p).kind for p in s.files} for s in sources}
+    native = [s for s in sources if kinds[s.index] & _NATIVE]
+    backend: KeyedStateBackend | None = None
+    rest = sources
+    if native and factory.kind == "rocksdb" and hasattr(factory, "open_restored"):
+        base = max(native, key=lambda s: len(_overlap(s, rng)))
+        backend = factory.open_restored(
+            op.operator_id,
+            index,
+            key_ser,
+            max_p,
+            rng,
+            clock,
+            lambda db: _download(manager, snap, meta, base, db, stats),
+        )
+        first, last = base.key_group_range
+        if first < rng.start:
+            backend.delete_key_group_range(KeyGroupRange.of(first, rng.start - 1))  # type: ignore[attr-defined]
+        if last > rng.end:
+            backend.delete_key_group_range(KeyGroupRange.of(rng.end + 1, last))  # type: ignore[attr-defined]
+        rest = [s for s in sources if s is not base]
+    if backend is None:
+        backend = factory.create(op.operator_id, index, key_ser, max_p, rng, clock)
+    try:
+        canonical_files: list[SnapshotFile] = []
+        delta = False
+        for s in rest:
+            if kinds[s.index] & _NATIVE:
+                _restore_native_aside(manager, snap, meta, s, rng, backend, key_ser, stats)
+            elif FileKind.DELTA in kinds[s.index]:
+                delta = True
+            else:
+                canonical_files.extend(
+                    meta.file(p) for p in s.files if meta.file(p).kind is FileKind.KEYED
+                )
+        # a rescaled snapshot lists a file that straddles two subtasks' ranges under both
+        canonical_files = list(dict.fromkeys(canonical_files))
+        if canonical_files:
+            entries = batches_to_entries(
+                read_key_groups(
+                    snap, meta, (rng.start, rng.end), files=canonical_files, stats=stats
+                )
+            )
+            backend.restore_entries(entries, keyed)
+        if delta:
+            backend.restore_entries(
+                read_folded(snap, meta, (rng.start, rng.end), operator=op.operator_id, stats=stats),
+                keyed,
+            )
+        if not canonical_files and not delta:
+            backend.restore_entries((), keyed)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
+def _download(
+    manager: CheckpointManager,
+    snap: SnapshotDir,
+    meta: SnapshotMetadata,
+    source: SubtaskSnapshot,
+    db: Path,
+    stats: ReadStats,
+) -> None:
+    for p in source.files:
+        f = meta.file(p)
+        name = local_name_of(p)
+        # Every byte passes through here anyway: checking it costs one crc32 per chunk, and a
+        # flipped byte in an SST would otherwise be restored silently (RocksDB checks block
+        # checksums only when it happens to read the block).
+        crc = 0
+        with snap.open_input(p, stats) as src, open(db / name, "xb") as out:
+            while chunk := src.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+                out.write(chunk)
+        actual = format_checksum(crc)
+        if actual != f.checksum:
+            raise ChecksumMismatch(
+                f"file {p!r} of snapshot {snap.url} has checksum {actual}, but {METADATA_FILE} "
+                f"recorded {f.checksum}; its content is corrupt: restore from another snapshot"
+            )
+        if f.kind is FileKind.NATIVE_SST and p.startswith(SHARED_PREFIX):
+            manager.registry.remember_checksum(str(db), name, f.size, f.checksum)
+
+
+def _restore_native_aside(
+    manager: CheckpointManager,
+    snap: SnapshotDir,
+    meta: SnapshotMetadata,
+    source: SubtaskSnapshot,
+    rng: KeyGroupRange,
+    target: KeyedStateBackend,
+    key_ser: TypeSerializer,
+    stats: ReadStats,
+) -> None:
+    """Open an old subtask's DB in a scratch directory and insert its rows of ``rng``."""
+    from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
+
+    scratch = Path(tempfile.mkdtemp(prefix="sk-restore-"))
+    try:
+        (scratch / "db").mkdir()
+        _download(manager, snap, meta, source, scratch / "db", stats)
+        aside = RocksDBKeyedStateBackend(
+            scratch, key_ser, meta.max_parallelism, KeyGroupRange.of(*source.key_group_range)
+        )
+        try:
+            with aside.snapshot_view() as view:
+                target.restore_entries(_iter(view, rng), dict(view.states))
+        finally:
+            aside.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _iter(view: Any, rng: KeyGroupRange) -> Iterator[Any]:
+    yield from view.iter_entries(rng)

@@ -1,0 +1,685 @@
+"""Where snapshot files live, and how they are written, committed, read back and discarded.
+
+Layout under a checkpoint root (any fsspec URL)::
+
+    <root>/<job>/chk-<n>/_metadata      written last
+    <root>/<job>/chk-<n>/...            files exclusive to that checkpoint
+    <root>/<job>/shared/...             files several checkpoints reference
+    <root>/<job>/savepoints/savepoint-<n>-<short uuid>/   (default savepoint directory)
+
+Paths inside a snapshot are relative to the snapshot directory. A checkpoint reaches the job's
+shared files as ``../shared/<name>``; a savepoint never does, so a savepoint directory can be
+moved or copied and still reads.
+
+Data files are created exclusively under names that are never reused; nothing here overwrites
+an existing file.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import uuid
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import fsspec
+import fsspec.core
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+from state_engine.errors import (
+    CheckpointError,
+    InvalidJobName,
+    InvalidSnapshotPath,
+    MissingMetadata,
+    MissingSnapshotFile,
+    SnapshotFileExists,
+    UnknownStorageScheme,
+)
+
+METADATA_FILE = "_metadata"
+SHARED_DIR = "shared"
+SAVEPOINTS_DIR = "savepoints"
+CHECKSUM_ALGORITHM = "crc32"
+MAX_JOB_NAME_LENGTH = 200
+JOB_NAME_ALLOWED = "letters, digits, '.', '_', '-' and '=' (not starting with '.')"
+
+# Schemes worth suggesting when a URL's scheme is unknown: the ones that can hold checkpoints.
+_STORAGE_SCHEMES = (
+    "file",
+    "memory",
+    "s3",
+    "s3a",
+    "gs",
+    "gcs",
+    "az",
+    "abfs",
+    "adl",
+    "hdfs",
+    "webhdfs",
+    "sftp",
+    "oss",
+)
+# Object stores: one PUT is atomic and there is no cheap rename, so `_metadata` is written
+# directly (exclusively) instead of through a temporary name.
+_OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A written file: path relative to the directory it was written through, size, checksum."""
+
+    path: str
+    size: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file found under a job's root, for orphan cleanup: path relative to the job root."""
+
+    path: str
+    size: int
+    modified: datetime | None
+
+
+def format_checksum(crc: int) -> str:
+    return f"{CHECKSUM_ALGORITHM}:{crc & 0xFFFFFFFF:08x}"
+
+
+def validate_job_name(job: str) -> str:
+    """Return ``job`` if it is usable as one directory name, else raise InvalidJobName."""
+    if not isinstance(job, str) or not job:
+        raise InvalidJobName(f"job name {job!r} is empty or not a string; use {JOB_NAME_ALLOWED}")
+    if len(job) > MAX_JOB_NAME_LENGTH:
+        raise InvalidJobName(
+            f"job name {job[:40]!r}... is {len(job)} characters long; use at most "
+            f"{MAX_JOB_NAME_LENGTH} characters ({JOB_NAME_ALLOWED})"
+        )
+    bad = sorted({c for c in job if not (c.isascii() and (c.isalnum() or c in "._-="))})
+    if bad or job.startswith("."):
+        what = f"characters {''.join(bad)!r}" if bad else "a leading '.'"
+        raise InvalidJobName(
+            f"job name {job!r} contains {what}, which could leave the checkpoint root; "
+            f"use {JOB_NAME_ALLOWED}"
+        )
+    return job
+
+
+def normalize_relative(path: str, *, allow_shared: bool, where: str) -> str:
+    """Validate a snapshot-relative path and return it in normal form.
+
+    Only ``../shared/...`` may leave the directory, and only when ``allow_shared``.
+    """
+    if not isinstance(path, str) or not path or "\x00" in path or "\\" in path:
+        raise InvalidSnapshotPath(
+            f"file path {path!r} in snapshot {where} is empty or holds NUL/backslash; "
+            "use a relative POSIX path such as 'keyed-0-<uuid>.parquet'"
+        )
+    if path.startswith("/") or "://" in path:
+        raise InvalidSnapshotPath(
+            f"file path {path!r} in snapshot {where} is absolute; snapshot paths are relative "
+            "to the snapshot directory so it can be moved"
+        )
+    parts = path.split("/")
+    if allow_shared and len(parts) >= 3 and parts[0] == ".." and parts[1] == SHARED_DIR:
+        rest = parts[2:]
+        prefix = f"../{SHARED_DIR}/"
+    elif allow_shared and len(parts) >= 3 and parts[0] == ".." and _is_checkpoint_dir(parts[1]):
+        # a file of an earlier checkpoint of the job, reused by a rescale that rewrote nothing
+        rest = parts[2:]
+        prefix = f"../{parts[1]}/"
+    else:
+        rest = parts
+        prefix = ""
+    if any(p in ("", ".", "..") for p in rest):
+        hint = " or ../shared/<name>" if allow_shared else " (savepoints hold no shared files)"
+        raise InvalidSnapshotPath(
+            f"file path {path!r} in snapshot {where} has an empty, '.' or '..' component; "
+            f"use a plain relative path inside the snapshot directory{hint}"
+        )
+    return prefix + "/".join(rest)
+
+
+def _is_checkpoint_dir(name: str) -> bool:
+    digits = name[4:]
+    return name.startswith("chk-") and digits.isdigit() and digits == str(int(digits))
+
+
+def resolve_storage(url: str, storage_options: dict[str, Any] | None = None):
+    """``fsspec.core.url_to_fs`` with errors that say which schemes would work."""
+    if not isinstance(url, str) or not url.strip():
+        raise UnknownStorageScheme(
+            f"checkpoint URL {url!r} is empty; use e.g. 'file:///var/lib/checkpoints' or "
+            "'s3://bucket/checkpoints'"
+        )
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as exc:
+        raise UnknownStorageScheme(
+            f"checkpoint URL {url!r}: scheme {scheme!r} needs a driver that is not installed "
+            f"({exc}); install it or use one of: file, memory"
+        ) from exc
+    except ValueError as exc:
+        if "Protocol not known" not in str(exc):
+            raise UnknownStorageScheme(
+                f"checkpoint URL {url!r} cannot be opened: {exc}; check the URL and storage_options"
+            ) from exc
+        known = [s for s in _STORAGE_SCHEMES if s in fsspec.available_protocols()]
+        raise UnknownStorageScheme(
+            f"checkpoint URL {url!r} has scheme {scheme!r}, which fsspec does not know; "
+            f"use one of: {', '.join(known)}"
+        ) from exc
+    return fs, path.rstrip("/") or "/"
+
+
+def _protocol(fs: AbstractFileSystem) -> str:
+    proto = fs.protocol
+    return proto if isinstance(proto, str) else proto[0]
+
+
+def _modified(info: dict[str, Any]) -> datetime | None:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created", "modified"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
+        if isinstance(value, int | float):
+            return datetime.fromtimestamp(value, UTC)
+        if isinstance(value, str):
+            try:
+                parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+class SnapshotFileWriter:
+    """A file opened exclusively for writing; size and checksum are computed while streaming.
+
+    ``close()`` returns the :class:`FileInfo`; ``abort()`` closes and removes the file.
+    It is file-like enough for ``pyarrow.parquet.ParquetWriter``.
+    """
+
+    def __init__(self, fs: AbstractFileSystem, abs_path: str, relative_path: str, where: str):
+        self._fs = fs
+        self._abs = abs_path
+        self._relative = relative_path
+        self._where = where
+        self._crc = 0
+        self._size = 0
+        self._info: FileInfo | None = None
+        self._file = _open_exclusive(fs, abs_path, where)
+
+    @property
+    def path(self) -> str:
+        return self._relative
+
+    @property
+    def closed(self) -> bool:
+        return self._info is not None or self._file is None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._file is None or self._info is not None:
+            raise ValueError(f"write to closed snapshot file {self._relative!r}")
+        view = memoryview(data)
+        self._crc = zlib.crc32(view, self._crc)
+        self._size += view.nbytes
+        self._file.write(view)
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self._size
+
+    def flush(self) -> None:
+        pass  # the fsspec file buffers; the data is durable only after close()
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> FileInfo:
+        if self._info is None:
+            if self._file is None:
+                raise CheckpointError(
+                    f"snapshot file {self._relative!r} in {self._where} was aborted; write it "
+                    "again under a new name"
+                )
+            self._file.close()
+            self._info = FileInfo(self._relative, self._size, format_checksum(self._crc))
+        return self._info
+
+    @property
+    def info(self) -> FileInfo:
+        if self._info is None:
+            raise CheckpointError(f"snapshot file {self._relative!r} is not closed yet")
+        return self._info
+
+    def abort(self) -> None:
+        """Close without committing and remove whatever was written."""
+        if self._file is not None and self._info is None:
+            try:
+                self._file.close()
+            finally:
+                self._file = None
+                if self._fs.exists(self._abs):
+                    self._fs.rm_file(self._abs)
+
+    def __enter__(self) -> SnapshotFileWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class CountingReader:
+    """A read-only file wrapper that counts the bytes actually read from storage."""
+
+    def __init__(self, raw: Any, stats: ReadStats | None):
+        self._raw = raw
+        self._stats = stats
+        self._size: int | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        if self._stats is not None:
+            self._stats.bytes_read += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def size(self) -> int:
+        if self._size is None:
+            here = self._raw.tell()
+            self._size = self._raw.seek(0, 2)
+            self._raw.seek(here)
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self._raw, "closed", False))
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> CountingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class ReadStats:
+    """What a restore read: bytes from storage, files opened, row groups decoded."""
+
+    bytes_read: int = 0
+    files_opened: int = 0
+    row_groups_read: int = 0
+
+
+def _open_exclusive(fs: AbstractFileSystem, abs_path: str, where: str) -> Any:
+    parent = posixpath.dirname(abs_path)
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    try:
+        try:
+            return fs.open(abs_path, "xb")
+        except ValueError as exc:
+            if "mode" not in str(exc):
+                raise
+            # A filesystem without exclusive create: names carry a uuid, so check-then-create
+            # can only collide with a caller who reused a name on purpose.
+            if fs.exists(abs_path):
+                raise FileExistsError(abs_path) from exc
+            return fs.open(abs_path, "wb")
+    except FileExistsError as exc:
+        raise SnapshotFileExists(
+            f"{fs.unstrip_protocol(abs_path)} already exists in snapshot {where}; snapshot files "
+            "are never overwritten: write under a new name (new_file_name()) or a new snapshot"
+        ) from exc
+
+
+class SnapshotDir:
+    """One snapshot directory on a filesystem: resolve, write, read and commit its files."""
+
+    def __init__(self, fs: AbstractFileSystem, path: str, *, allow_shared: bool = True) -> None:
+        self.fs = fs
+        self.path = path.rstrip("/") or "/"
+        self.allow_shared = allow_shared
+
+    @classmethod
+    def from_url(
+        cls, url: str, storage_options: dict[str, Any] | None = None, *, allow_shared: bool = True
+    ) -> SnapshotDir:
+        fs, path = resolve_storage(url, storage_options)
+        return cls(fs, path, allow_shared=allow_shared)
+
+    @property
+    def url(self) -> str:
+        return self.fs.unstrip_protocol(self.path)
+
+    def __repr__(self) -> str:
+        return f"SnapshotDir({self.url!r})"
+
+    def resolve(self, relative_path: str) -> str:
+        """The absolute filesystem path of a snapshot-relative path (validated)."""
+        rel = normalize_relative(relative_path, allow_shared=self.allow_shared, where=self.url)
+        return posixpath.normpath(posixpath.join(self.path, rel))
+
+    def new_file_name(self, prefix: str, suffix: str = "") -> str:
+        """A file name never used before: ``<prefix>-<uuid4 hex><suffix>``."""
+        return f"{prefix}-{uuid.uuid4().hex}{suffix}"
+
+    def create(self, relative_path: str) -> SnapshotFileWriter:
+        rel = normalize_relative(relative_path, allow_shared=self.allow_shared, where=self.url)
+        if posixpath.basename(rel).startswith(METADATA_FILE):
+            raise InvalidSnapshotPath(
+                f"file name {rel!r} in snapshot {self.url} is reserved for the snapshot's "
+                "_metadata; commit metadata with write_metadata()"
+            )
+        return SnapshotFileWriter(self.fs, self.resolve(rel), rel, self.url)
+
+    def write_file(
+        self, relative_path: str, data: bytes | Callable[[SnapshotFileWriter], object]
+    ) -> FileInfo:
+        """Write ``data`` (bytes, or a callback given the open file) exclusively."""
+        writer = self.create(relative_path)
+        try:
+            if callable(data):
+                data(writer)
+            else:
+                for start in range(0, len(data), _CHUNK):
+                    writer.write(memoryview(data)[start : start + _CHUNK])
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.close()
+
+    def open_input(self, relative_path: str, stats: ReadStats | None = None) -> CountingReader:
+        abs_path = self.resolve(relative_path)
+        try:
+            # cache_type="none": read-ahead would fetch bytes the restore never asked for
+            raw = self.fs.open(abs_path, "rb", cache_type="none")
+        except FileNotFoundError as exc:
+            raise MissingSnapshotFile(
+                f"file {relative_path!r} of snapshot {self.url} is missing from storage; "
+                "restore from another snapshot"
+            ) from exc
+        if stats is not None:
+            stats.files_opened += 1
+        return CountingReader(raw, stats)
+
+    def size_of(self, relative_path: str) -> int:
+        try:
+            return int(self.fs.info(self.resolve(relative_path))["size"])
+        except FileNotFoundError as exc:
+            raise MissingSnapshotFile(
+                f"file {relative_path!r} of snapshot {self.url} is missing from storage; "
+                "restore from another snapshot"
+            ) from exc
+
+    def checksum_of(self, relative_path: str) -> str:
+        crc = 0
+        with self.open_input(relative_path) as f:
+            while chunk := f.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+        return format_checksum(crc)
+
+    # --- _metadata ---
+
+    @property
+    def metadata_path(self) -> str:
+        return posixpath.join(self.path, METADATA_FILE)
+
+    def has_metadata(self) -> bool:
+        return bool(self.fs.exists(self.metadata_path))
+
+    def read_metadata_bytes(self) -> bytes:
+        try:
+            with self.fs.open(self.metadata_path, "rb") as f:
+                return f.read()
+        except FileNotFoundError as exc:
+            raise MissingMetadata(
+                f"snapshot {self.url} has no {METADATA_FILE}: it never completed (a checkpoint "
+                "that failed or was cancelled before its commit); restore from an earlier one"
+            ) from exc
+
+    def commit_metadata(self, data: bytes) -> None:
+        """Write ``_metadata`` once, atomically where the filesystem allows; never overwrite."""
+        final = self.metadata_path
+        exists_error = SnapshotFileExists(
+            f"snapshot {self.url} already has a {METADATA_FILE}; a snapshot commits once: "
+            "write a new snapshot instead"
+        )
+        if self.fs.exists(final):
+            raise exists_error
+        if _protocol(self.fs) in _OBJECT_STORE_PROTOCOLS:
+            with _open_exclusive(self.fs, final, self.url) as f:
+                f.write(data)
+            return
+        temp = posixpath.join(self.path, f"{METADATA_FILE}.inprogress-{uuid.uuid4().hex}")
+        with _open_exclusive(self.fs, temp, self.url) as f:
+            f.write(data)
+            if isinstance(self.fs, LocalFileSystem):
+                f.flush()
+                os.fsync(f.fileno())
+        try:
+            if isinstance(self.fs, LocalFileSystem):
+                # link() is the atomic rename that refuses to replace an existing file
+                try:
+                    os.link(temp, final)
+                except FileExistsError as exc:
+                    raise exists_error from exc
+            else:
+                if self.fs.exists(final):
+                    raise exists_error
+                self.fs.mv(temp, final)
+        finally:
+            if self.fs.exists(temp):
+                self.fs.rm_file(temp)
+
+
+class CheckpointStorage:
+    """The checkpoint root of every job: layout, exclusive writes, discard and listing."""
+
+    def __init__(self, root_url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.root_url = root_url
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = resolve_storage(root_url, self.storage_options)
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.fs.unstrip_protocol(self.root)!r})"
+
+    def url_of(self, relative_path: str = "") -> str:
+        return self.fs.unstrip_protocol(self._abs(relative_path))
+
+    def _abs(self, relative_path: str) -> str:
+        if not relative_path:
+            return self.root
+        rel = normalize_relative(relative_path, allow_shared=False, where=self.root_url)
+        return posixpath.join(self.root, rel)
+
+    # --- layout ---
+
+    def job_dir(self, job: str) -> str:
+        return validate_job_name(job)
+
+    def shared_dir(self, job: str) -> str:
+        return f"{validate_job_name(job)}/{SHARED_DIR}"
+
+    def checkpoint_dir(self, job: str, checkpoint_id: int) -> str:
+        return f"{validate_job_name(job)}/chk-{_checkpoint_id(checkpoint_id)}"
+
+    def default_savepoint_dir(self, job: str, checkpoint_id: int) -> str:
+        short = uuid.uuid4().hex[:8]
+        return (
+            f"{validate_job_name(job)}/{SAVEPOINTS_DIR}/"
+            f"savepoint-{_checkpoint_id(checkpoint_id)}-{short}"
+        )
+
+    def checkpoint(self, job: str, checkpoint_id: int) -> SnapshotDir:
+        """The directory of checkpoint ``checkpoint_id``; it may reach ``../shared/``."""
+        return SnapshotDir(self.fs, self._abs(self.checkpoint_dir(job, checkpoint_id)))
+
+    def savepoint(self, job: str, checkpoint_id: int, directory: str | None = None) -> SnapshotDir:
+        """A savepoint directory: ``directory`` (a URL, or a path under the root) or the default.
+
+        Savepoints are self-contained: they cannot reference shared files. A given directory
+        must be new or empty.
+        """
+        if directory is None:
+            return SnapshotDir(
+                self.fs,
+                self._abs(self.default_savepoint_dir(job, checkpoint_id)),
+                allow_shared=False,
+            )
+        validate_job_name(job)
+        if "://" in directory:
+            snap = SnapshotDir.from_url(directory, self.storage_options, allow_shared=False)
+        else:
+            snap = SnapshotDir(self.fs, self._abs(directory), allow_shared=False)
+        # A failed or cancelled savepoint removes its directory's files: a directory that already
+        # holds anything (a job root, another snapshot, a user's files) must never be one.
+        if snap.fs.exists(snap.path) and snap.fs.ls(snap.path, detail=False):
+            raise InvalidSnapshotPath(
+                f"savepoint directory {snap.url} is not empty: give the savepoint a new or empty "
+                "directory of its own (or none, for the default under the job's savepoints/)"
+            )
+        return snap
+
+    def snapshot(self, snapshot_dir: str) -> SnapshotDir:
+        """A snapshot directory given relative to the root, or as an absolute URL."""
+        if "://" in snapshot_dir:
+            return SnapshotDir.from_url(snapshot_dir, self.storage_options)
+        return SnapshotDir(self.fs, self._abs(snapshot_dir))
+
+    # --- files ---
+
+    def write_file(
+        self, relative_path: str, data: bytes | Callable[[SnapshotFileWriter], object]
+    ) -> FileInfo:
+        """Write a file exclusively at ``relative_path`` (relative to the root)."""
+        return SnapshotDir(self.fs, self.root, allow_shared=False).write_file(relative_path, data)
+
+    def discard(self, snapshot_dir: str | SnapshotDir, keep: Iterable[str] = ()) -> list[str]:
+        """Remove a snapshot directory's files except ``keep`` (snapshot-relative paths).
+
+        For snapshots that failed or were cancelled: it leaves nothing behind. It never touches
+        the job's ``shared/`` directory and refuses a directory that looks like a job root.
+        Returns the removed paths (snapshot-relative).
+        """
+        snap = (
+            snapshot_dir if isinstance(snapshot_dir, SnapshotDir) else self.snapshot(snapshot_dir)
+        )
+        fs, base = snap.fs, snap.path
+        if posixpath.basename(base) in (SHARED_DIR, SAVEPOINTS_DIR) or base == self.root:
+            raise InvalidSnapshotPath(
+                f"{snap.url} is not a snapshot directory; discard takes a chk-<n> or savepoint "
+                "directory"
+            )
+        if not fs.exists(base):
+            return []
+        children = {posixpath.basename(p.rstrip("/")) for p in fs.ls(base, detail=False)}
+        if SHARED_DIR in children or any(c.startswith("chk-") for c in children):
+            raise InvalidSnapshotPath(
+                f"{snap.url} holds shared/ or chk-* directories, so it is a job root, not a "
+                "snapshot; discard takes one snapshot directory"
+            )
+        keep_set = {normalize_relative(k, allow_shared=False, where=snap.url) for k in keep}
+        removed: list[str] = []
+        for abs_path in sorted(fs.find(base)):
+            rel = posixpath.relpath(abs_path, base)
+            if rel in keep_set:
+                continue
+            fs.rm_file(abs_path)
+            removed.append(rel)
+        if not keep_set and fs.exists(base):
+            fs.rm(base, recursive=True)
+        return removed
+
+    def list_files(self, job: str) -> list[StoredFile]:
+        """Every file under the job's root with size and modification time."""
+        base = self._abs(self.job_dir(job))
+        if not self.fs.exists(base):
+            return []
+        found = self.fs.find(base, detail=True)
+        return sorted(
+            (
+                StoredFile(
+                    path=posixpath.relpath(name, base),
+                    size=int(info.get("size") or 0),
+                    modified=_modified(info),
+                )
+                for name, info in found.items()
+            ),
+            key=lambda f: f.path,
+        )
+
+
+def _checkpoint_id(checkpoint_id: int) -> int:
+    if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
+        raise InvalidSnapshotPath(
+            f"checkpoint id {checkpoint_id!r} is not a non-negative integer; checkpoint ids "
+            "count up from 0 per job"
+        )
+    return checkpoint_id
+
+
+def remove_empty_dirs(
+    urls: Iterable[str],
+    stops: Iterable[str],
+    keep: Iterable[str] = (),
+    fs: AbstractFileSystem | None = None,
+) -> int:
+    """Remove each directory in ``urls`` and its empty parents, never a ``stops`` directory or
+    anything above one, never a ``keep`` directory (a PENDING snapshot's) or ``shared/``;
+    returns how many were removed. ``fs`` (e.g. a storage's, with its options) is used when
+    given; otherwise each URL's own file system."""
+    stop_list = [s.rstrip("/") for s in stops]
+    keep_set = {k.rstrip("/") for k in keep}
+    removed = 0
+    for url in sorted({u.rstrip("/") for u in urls}, key=len, reverse=True):
+        d = url
+        while any(d.startswith(s + "/") for s in stop_list):
+            if d in keep_set or posixpath.basename(d) == "shared":
+                break
+            dfs, path = (fs, fs._strip_protocol(d)) if fs else fsspec.core.url_to_fs(d)
+            try:
+                if not dfs.exists(path) or dfs.ls(path, detail=False):
+                    break
+                dfs.rmdir(path)
+            except OSError:
+                break  # not empty after all (a writer just created a file): leave it
+            removed += 1
+            d = posixpath.dirname(d)
+    return removed

@@ -1,0 +1,293 @@
+"""Command lines of the maintenance jobs: ``statectl maintain NAME``, ``statectl state show``, and
+``python -m state_engine.jobs NAME`` (the spark-submit application).
+
+:func:`register` adds the ``maintain`` and ``state`` commands to statectl's subparsers; every
+handler is ``handler(args) -> exit code`` and raises StatekeeperErrors for the CLI to print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from state_engine.config import Settings
+
+COMMON = ("run_id", "dag_id", "airflow_run_id")
+_NOT_PARAMS = {"handler", "command", "job_name", "maintain_command", "state_command", "json"}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    runner: Callable[[], Callable[..., dict[str, Any]]]  # imported on use: pyspark is heavy
+
+
+def _ttl_arguments(p: argparse.ArgumentParser) -> None:
+    _input_arguments(p)
+    p.add_argument(
+        "--at", type=int, help="processing time in epoch ms (default: now) for processing-time TTL"
+    )
+    p.add_argument(
+        "--watermark", type=int, help="event-time watermark in epoch ms for event-time TTL states"
+    )
+    _output_arguments(p)
+
+
+def _input_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--snapshot", type=int, help="input snapshot id")
+    p.add_argument("--job", help="job name (default input: its latest completed snapshot)")
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", choices=("CHECKPOINT", "SAVEPOINT"), default="CHECKPOINT")
+    p.add_argument("--savepoint-dir", help="savepoint directory (URL or path under the root)")
+    p.add_argument("--tasks", type=int, help="Spark tasks to write with (default: 2 per core)")
+    p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
+
+
+def _ttl_runner() -> Callable[..., dict[str, Any]]:
+    from state_engine.jobs import ttl_cleanup
+
+    return ttl_cleanup.run
+
+
+def _deleting_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--job", required=True, help="job name")
+    p.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
+    p.add_argument(
+        "--wait",
+        nargs="?",
+        const=True,
+        metavar="SECONDS",
+        help="wait for the job's file lease (up to SECONDS, default 600) instead of refusing",
+    )
+
+
+def _expire_arguments(p: argparse.ArgumentParser) -> None:
+    _deleting_arguments(p)
+    p.add_argument("--retain-last", type=int, help="keep the newest N completed checkpoints")
+    p.add_argument(
+        "--older-than",
+        help="expire checkpoints completed before this ISO timestamp or this long ago ('7d')",
+    )
+    p.add_argument(
+        "--savepoint",
+        dest="savepoints",
+        action="append",
+        metavar="ID_OR_NAME",
+        help="also expire this savepoint (snapshot id or directory name); repeatable",
+    )
+
+
+def _orphan_arguments(p: argparse.ArgumentParser) -> None:
+    _deleting_arguments(p)
+    p.add_argument(
+        "--older-than",
+        default="3d",
+        help="only files last modified before this ISO timestamp or this long ago (default 3d)",
+    )
+
+
+def _expire_runner() -> Callable[..., dict[str, Any]]:
+    from state_engine.jobs import expire
+
+    return expire.run
+
+
+def _orphan_runner() -> Callable[..., dict[str, Any]]:
+    from state_engine.jobs import orphan_cleanup
+
+    return orphan_cleanup.run
+
+
+def _compaction_arguments(p: argparse.ArgumentParser) -> None:
+    _input_arguments(p)
+    p.add_argument("--target-file-bytes", type=int, help="bin-pack output files toward this size")
+    p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
+    p.add_argument(
+        "--no-release",
+        dest="release",
+        action="store_false",
+        default=None,
+        help="keep the chain's checkpoints COMPLETED (default: subsume them)",
+    )
+
+
+def _savepoint_arguments(p: argparse.ArgumentParser) -> None:
+    _input_arguments(p)
+    p.add_argument("--savepoint-dir", help="target directory (URL or path under the root)")
+    p.add_argument("--at", type=int, help="drop entries of processing-time TTL expired at (ms)")
+    p.add_argument("--watermark", type=int, help="drop entries of event-time TTL expired at (ms)")
+    p.add_argument("--tasks", type=int, help="Spark tasks to write with (default: 2 per core)")
+    p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
+
+
+def _rescale_arguments(p: argparse.ArgumentParser) -> None:
+    _input_arguments(p)
+    p.add_argument("--parallelism", type=int, required=True, help="the new parallelism")
+    p.add_argument("--max-parallelism", type=int, help="a new max parallelism (re-buckets rows)")
+    p.add_argument("--kind", choices=("CHECKPOINT", "SAVEPOINT"), help="output kind (new max p)")
+    p.add_argument("--savepoint-dir", help="savepoint directory (new max parallelism)")
+    p.add_argument("--tasks", type=int, help="Spark tasks (default: 2 per core)")
+    p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
+
+
+def _runner_of(module: str) -> Callable[[], Callable[..., dict[str, Any]]]:
+    def load() -> Callable[..., dict[str, Any]]:
+        import importlib
+
+        return importlib.import_module(f"state_engine.jobs.{module}").run
+
+    return load
+
+
+JOBS: dict[str, JobSpec] = {
+    "expire": JobSpec(
+        "expire",
+        "expire old checkpoints (and named savepoints) and delete the files nothing else uses",
+        _expire_arguments,
+        _expire_runner,
+    ),
+    "orphan_cleanup": JobSpec(
+        "orphan_cleanup",
+        "delete files under the job's roots that no snapshot references",
+        _orphan_arguments,
+        _orphan_runner,
+    ),
+    "ttl_cleanup": JobSpec(
+        "ttl_cleanup",
+        "write a new snapshot without the entries whose TTL expired",
+        _ttl_arguments,
+        _ttl_runner,
+    ),
+    "compaction": JobSpec(
+        "compaction",
+        "fold a heap delta chain (or small canonical files) into one canonical checkpoint",
+        _compaction_arguments,
+        _runner_of("compaction"),
+    ),
+    "savepoint": JobSpec(
+        "savepoint",
+        "capture a relocatable canonical savepoint of any completed snapshot",
+        _savepoint_arguments,
+        _runner_of("savepoint"),
+    ),
+    "rescale": JobSpec(
+        "rescale",
+        "rescale a snapshot to a new parallelism (and max parallelism)",
+        _rescale_arguments,
+        _runner_of("rescale"),
+    ),
+}
+
+
+def add_job_parsers(subparsers: Any, handler: Callable[[argparse.Namespace], int]) -> None:
+    """One subcommand per job, each with its own parameters and the run-id options."""
+    for spec in JOBS.values():
+        p = subparsers.add_parser(spec.name, help=spec.help, description=spec.help)
+        spec.add_arguments(p)
+        p.add_argument("--run-id", help="the run's id: the same id again never redoes a success")
+        p.add_argument("--dag-id", help="Airflow DAG id (recorded with the run)")
+        p.add_argument("--airflow-run-id", help="Airflow run id (recorded with the run)")
+        p.set_defaults(handler=handler, job_name=spec.name)
+
+
+def job_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k not in _NOT_PARAMS and v is not None}
+
+
+def run_job(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the parsed job on the maintenance SparkSession against the configured catalog."""
+    from state_engine.catalog import Catalog
+    from state_engine.jobs.spark import build_spark
+
+    settings = Settings.from_env()
+    runner = JOBS[args.job_name].runner()
+    spark = build_spark(settings)
+    with Catalog.from_settings(settings) as catalog:
+        return runner(spark, catalog, settings=settings, **job_params(args))
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    report = run_job(args)
+    print(json.dumps(report, default=_json_default, sort_keys=True))
+    return 0
+
+
+def cmd_state_show(args: argparse.Namespace) -> int:
+    from state_engine.catalog import Catalog
+    from state_engine.jobs.inspect import COLUMNS, show_rows
+    from state_engine.jobs.spark import build_spark
+
+    settings = Settings.from_env()
+    with Catalog.from_settings(settings) as catalog:
+        # checked before Spark starts: a bad id should not cost a JVM
+        catalog.get_snapshot(args.snapshot)
+        rows = show_rows(
+            build_spark(settings),
+            catalog,
+            args.snapshot,
+            state=args.state,
+            key=args.key,
+            operator=args.operator,
+            limit=args.limit,
+        )
+    if args.json:
+        print(json.dumps(rows, default=_json_default, ensure_ascii=False))
+    else:
+        print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows]))
+    return 0
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], width: int = 60) -> str:
+    """Aligned columns; cells longer than ``width`` are cut with an ellipsis."""
+
+    def cell(v: Any) -> str:
+        text = "-" if v is None else str(v)
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(
+        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
+    if not rows:
+        lines.append("(no rows)")
+    return "\n".join(lines)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``maintain NAME ...`` and ``state show SNAPSHOT ...`` to statectl."""
+    maintain = subparsers.add_parser(
+        "maintain", help="run a maintenance job on Spark", description="run a maintenance job"
+    )
+    add_job_parsers(maintain.add_subparsers(dest="maintain_command", metavar="JOB"), cmd_maintain)
+
+    state = subparsers.add_parser("state", help="read the state inside a snapshot")
+    state_commands = state.add_subparsers(dest="state_command", metavar="ACTION")
+    show = state_commands.add_parser(
+        "show",
+        help="decoded keyed state of a completed canonical snapshot",
+        description="decoded keyed state of a completed canonical snapshot (read with Spark)",
+    )
+    show.add_argument("snapshot", metavar="SNAPSHOT", type=int, help="snapshot id")
+    show.add_argument("--state", help="only this state")
+    show.add_argument("--key", help="only this key (int keys as digits, tuple keys as JSON)")
+    show.add_argument("--operator", help="only this operator")
+    show.add_argument("--limit", type=int, default=100, help="at most this many rows (100)")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    show.set_defaults(handler=cmd_state_show)

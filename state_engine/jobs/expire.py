@@ -1,0 +1,269 @@
+"""Expire: retention of a job's checkpoints (and of savepoints the user names), files included.
+
+Which checkpoints go (Iceberg's ``expire_snapshots`` rule): the COMPLETED checkpoints that are not
+among the newest ``retain_last`` and (with ``older_than``) completed before the cut-off. The latest
+COMPLETED checkpoint always stays; a rule that selects every completed checkpoint is refused with
+RetentionRemovesEverything before anything changes. Savepoints belong to the user: only the ones
+named in ``savepoints`` (by snapshot id or directory name) go.
+
+Under the job's file lease (see :mod:`state_engine.jobs.deletion`): the selected snapshots become
+DISCARDED (which drops their references), then every file of the job the catalog calls releasable
+(no PENDING or COMPLETED snapshot references it; re-checked inside ``forget_files``) is forgotten
+and deleted, then the emptied ``chk-<n>/`` and savepoint directories are removed. A running job's
+next checkpoint is safe: it only reuses files of its parent, the latest completed checkpoint,
+which never expires. ``dry_run`` computes the same selection and files and changes nothing.
+
+Spark is not needed for this catalog and file-deletion work; ``spark`` is used only to spread a
+very large deletion (see ``deletion.delete_urls``), so it may be None.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from state_engine.catalog import Catalog, SnapshotRecord
+from state_engine.checkpoint.storage import remove_empty_dirs
+from state_engine.errors import (
+    CommitConflict,
+    InvalidJobParams,
+    InvalidSnapshotTransition,
+    NoSuchSnapshot,
+    RetentionRemovesEverything,
+)
+from state_engine.faults import crash_point
+from state_engine.jobs import deletion
+from state_engine.jobs.commit import storage_for
+from state_engine.jobs.deletion import (
+    SPARK_MIN_FILES,
+    THREADS,
+    FileLease,
+    as_aware,
+    forget_and_delete,
+    hooks,
+    limited,
+    parse_cutoff,
+    resolve_job,
+    wait_seconds,
+)
+from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+KIND = "expire"
+RETAINED = ("PENDING", "COMPLETED")
+
+
+@dataclass(frozen=True)
+class ExpiryPlan:
+    expire: list[SnapshotRecord]
+    kept_checkpoints: list[SnapshotRecord]
+    cutoff: datetime | None
+
+
+def _savepoint_names(savepoints: Any) -> list[str]:
+    if savepoints is None:
+        return []
+    if isinstance(savepoints, str | int):
+        savepoints = [savepoints]
+    if not isinstance(savepoints, list | tuple):
+        raise InvalidJobParams(
+            f"savepoints {savepoints!r} must be a list of savepoint ids or directory names"
+        )
+    return [str(s).strip() for s in savepoints if str(s).strip()]
+
+
+def _check_retain_last(retain_last: Any) -> int | None:
+    if retain_last is None:
+        return None
+    if isinstance(retain_last, bool) or not isinstance(retain_last, int):
+        raise InvalidJobParams(f"retain_last {retain_last!r} must be an integer >= 1")
+    if retain_last < 0:
+        raise InvalidJobParams(f"retain_last {retain_last} is negative; use an integer >= 1")
+    if retain_last == 0:
+        raise RetentionRemovesEverything(
+            "retain_last=0 would remove every checkpoint of the job; nothing was deleted: keep "
+            "at least one (retain_last >= 1)"
+        )
+    return retain_last
+
+
+def plan_expiry(
+    catalog: Catalog,
+    job: str,
+    *,
+    retain_last: int | None,
+    older_than: Any,
+    savepoints: Sequence[str],
+) -> ExpiryPlan:
+    """The snapshots to expire (or a specific error); reads the catalog, changes nothing."""
+    snapshots = catalog.list_snapshots(job)  # newest checkpoint id first
+    cutoff = None if older_than is None else parse_cutoff(older_than, catalog.now())
+    completed = [s for s in snapshots if s.kind == "CHECKPOINT" and s.status == "COMPLETED"]
+    selected: list[SnapshotRecord] = []
+    if retain_last is not None or cutoff is not None:
+        for rank, snap in enumerate(completed):
+            if retain_last is not None and rank < retain_last:
+                continue
+            done = as_aware(snap.completed_at or snap.created_at)
+            if cutoff is not None and done >= cutoff:
+                continue
+            selected.append(snap)
+        if completed and len(selected) == len(completed):
+            raise RetentionRemovesEverything(
+                f"the retention (older_than={older_than!r}) would remove all {len(completed)} "
+                f"completed checkpoints of job {job!r}, the latest "
+                f"(checkpoint {completed[0].checkpoint_id}) too; nothing was deleted: add "
+                "retain_last >= 1 or choose an earlier older_than"
+            )
+    by_name: dict[str, SnapshotRecord] = {}
+    for s in snapshots:
+        if s.kind == "SAVEPOINT":
+            by_name[str(s.id)] = s
+            by_name.setdefault(posixpath.basename(s.location.rstrip("/")), s)
+            by_name.setdefault(s.location.rstrip("/"), s)
+    for name in savepoints:
+        snap = by_name.get(name.rstrip("/"))
+        if snap is None:
+            raise NoSuchSnapshot(
+                f"job {job!r} has no savepoint {name!r} (give a savepoint's snapshot id or "
+                f"directory name); nothing was deleted: list them with `statectl snapshots {job}`"
+            )
+        if snap.status not in ("COMPLETED", "FAILED") or snap in selected:
+            continue  # already expired (a retry): nothing more to do for it
+        selected.append(snap)
+    expired_ids = {s.id for s in selected}
+    kept = [s for s in completed if s.id not in expired_ids]
+    return ExpiryPlan(selected, kept, cutoff)
+
+
+def would_release(catalog: Catalog, job: str, plan: ExpiryPlan) -> dict[str, int]:
+    """Files (URL -> size) that expiring ``plan`` would delete, without changing anything."""
+    expired_ids = {s.id for s in plan.expire}
+    remaining = [
+        s for s in catalog.list_snapshots(job, status=list(RETAINED)) if s.id not in expired_ids
+    ]
+    still_used = {f.path for s in remaining for f in catalog.snapshot_files(s.id)}
+    out = {f.path: f.size for f in catalog.releasable_files(job)}
+    for s in plan.expire:
+        for f in catalog.snapshot_files(s.id):
+            if f.path not in still_used:
+                out[f.path] = f.size
+    return out
+
+
+def _describe(s: SnapshotRecord) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "checkpoint_id": s.checkpoint_id,
+        "kind": s.kind,
+        "status": s.status,
+        "location": s.location,
+        "completed_at": s.completed_at.isoformat() if s.completed_at else None,
+    }
+
+
+def _discard(catalog: Catalog, snap: SnapshotRecord) -> bool:
+    """DISCARDED by compare-and-swap; a snapshot someone else moved meanwhile is re-read once."""
+    try:
+        catalog.discard_snapshot(snap.id, expected_version=snap.version)
+        return True
+    except (CommitConflict, InvalidSnapshotTransition):
+        now = catalog.get_snapshot(snap.id)
+        if now.status in ("SUBSUMED", "FAILED"):  # the job's manager subsumed it: still expire
+            catalog.discard_snapshot(now.id, expected_version=now.version)
+            return True
+        return False  # DISCARDED already, or back in use: leave it
+
+
+@maintenance_job(KIND, resolve_job)
+def run(
+    spark: SparkSession | None,
+    catalog: Catalog,
+    ctx: RunContext,
+    *,
+    job: str,
+    retain_last: int | None = None,
+    older_than: Any = None,
+    savepoints: Any = None,
+    dry_run: bool = False,
+    wait: Any = False,
+    spark_min_files: int = SPARK_MIN_FILES,
+    threads: int = THREADS,
+) -> JobResult:
+    """Expire checkpoints by ``retain_last`` / ``older_than`` and the named ``savepoints``."""
+    names = _savepoint_names(savepoints)
+    retain = _check_retain_last(retain_last)
+    if retain is None and older_than is None and not names:
+        raise InvalidJobParams(
+            "expire needs a retention: retain_last=N, older_than=<timestamp|duration>, or "
+            "savepoints=[...] to expire by name"
+        )
+    wait_s = wait_seconds(wait)
+    job_dir = storage_for(catalog, job, ctx.settings).url_of(job)
+    plan = plan_expiry(catalog, job, retain_last=retain, older_than=older_than, savepoints=names)
+    base: dict[str, Any] = {
+        "dry_run": bool(dry_run),
+        "cutoff": plan.cutoff.isoformat() if plan.cutoff else None,
+    }
+    if dry_run:
+        files = would_release(catalog, job, plan)
+        return JobResult(
+            stats={
+                **base,
+                "snapshots_expired": len(plan.expire),
+                "would_expire": [_describe(s) for s in plan.expire],
+                "checkpoints_kept": len(plan.kept_checkpoints),
+                "files_found": len(files),
+                "bytes_found": sum(files.values()),
+                "files_deleted": 0,
+                "bytes_deleted": 0,
+                "would_delete": deletion.limited(
+                    [{"path": p, "size": n} for p, n in sorted(files.items())]
+                ),
+            }
+        )
+    with FileLease(catalog, job, KIND, ctx.run_id, wait=wait_s) as lease:
+        # whatever happened while this run waited for the lease counts: decide again
+        plan = plan_expiry(
+            catalog, job, retain_last=retain, older_than=older_than, savepoints=names
+        )
+        hooks.call("after_plan", KIND, job)
+        lease.check()
+        expired = [s for s in plan.expire if _discard(catalog, s)]
+        crash_point("expire.after_discard")
+        files = {f.path: f.size for f in catalog.releasable_files(job)}
+        done = forget_and_delete(
+            catalog, lease, files, spark=spark, spark_min_files=spark_min_files, threads=threads
+        )
+        pending = [s.location for s in catalog.list_snapshots(job, status="PENDING")]
+        dirs = [posixpath.dirname(u) for u in done.paths] + [s.location for s in expired]
+        stops = [job_dir] + [
+            posixpath.dirname(s.location.rstrip("/"))
+            for s in expired
+            if not s.location.startswith(job_dir.rstrip("/") + "/")
+        ]
+        removed_dirs = remove_empty_dirs(dirs, stops, keep=pending)
+    return JobResult(
+        bytes_in=sum(files.values()),
+        stats={
+            **base,
+            "snapshots_expired": len(expired),
+            "expired": [_describe(s) for s in expired],
+            "checkpoints_kept": len(plan.kept_checkpoints),
+            "files_found": len(files),
+            "bytes_found": sum(files.values()),
+            "files_deleted": done.files,
+            "bytes_deleted": done.bytes,
+            "files_already_gone": done.missing,
+            "files_kept_in_use": len(done.skipped_live),
+            "dirs_removed": removed_dirs,
+            "lease_waited": lease.waited,
+            "lease_token": lease.token,
+            "deleted": limited(done.paths),
+        },
+    )

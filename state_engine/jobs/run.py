@@ -1,0 +1,171 @@
+"""The wrapper every maintenance job runs in: one recorded, retry-safe maintenance run.
+
+A job body is ``body(spark, catalog, ctx, **params) -> JobResult``; :func:`maintenance_job` turns
+it into ``run(spark, catalog, *, run_id=None, dag_id=None, airflow_run_id=None, **params) ->
+report``. The run is recorded in the catalog with its params, input and output snapshots, rows
+and bytes in and out and duration. The same ``run_id`` again returns the recorded report of a
+SUCCEEDED run without redoing anything; after a failure it starts another attempt, and the body
+finds whatever the failed attempt left through ``ctx.tag`` (see :mod:`state_engine.jobs.commit`).
+Any error marks the run FAILED with its reason and is raised as a StatekeeperError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from state_engine.catalog import Catalog
+from state_engine.config import Settings
+from state_engine.errors import MaintenanceJobFailed, StatekeeperError
+from state_engine.jobs.commit import run_tag
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+Report = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """What a run works on, known before it starts: its job and input snapshot."""
+
+    job: str | None
+    input_snapshot_id: int | None = None
+
+
+@dataclass
+class JobResult:
+    """What a job body hands back to be recorded."""
+
+    output_snapshot_id: int | None = None
+    rows_in: int = 0
+    rows_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The running attempt: its id, the tag its outputs carry, which attempt it is."""
+
+    run_id: str
+    kind: str
+    tag: str
+    attempt: int
+    target: RunTarget
+    settings: Settings
+
+
+Body = Callable[..., JobResult]
+Resolver = Callable[[Catalog, dict[str, Any]], RunTarget]
+Runner = Callable[..., Report]
+
+
+def error_line(exc: BaseException) -> str:
+    """One readable line for an error, digging the Python error out of a Spark task failure."""
+    text = str(exc).strip()
+    if "Traceback (most recent call last)" in text:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        for ln in reversed(lines):
+            head = ln.split(":", 1)[0]
+            if ": " in ln and head.replace(".", "").replace("_", "").isalnum():
+                return ln.split("\tat ", 1)[0][:1000]
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {first}"[:1000]
+
+
+def maintenance_job(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
+    """Make ``body`` a recorded maintenance run of ``kind`` (see the module docstring)."""
+
+    def wrap(body: Body) -> Runner:
+        @functools.wraps(body)
+        def run(
+            spark: SparkSession,
+            catalog: Catalog,
+            *,
+            run_id: str | None = None,
+            dag_id: str | None = None,
+            airflow_run_id: str | None = None,
+            settings: Settings | None = None,
+            **params: Any,
+        ) -> Report:
+            run_id = run_id or f"{kind}-{uuid.uuid4().hex}"
+            params = {k: v for k, v in params.items() if v is not None}
+            airflow = {"dag_id": dag_id, "airflow_run_id": airflow_run_id}
+            try:
+                target = resolve(catalog, params)
+            except StatekeeperError as exc:
+                # recorded when possible; a run id already bound to a job keeps its record
+                with contextlib.suppress(StatekeeperError):
+                    catalog.start_run(run_id, kind, params=params, **airflow)
+                    catalog.fail_run(run_id, str(exc))
+                raise
+            record = catalog.start_run(
+                run_id,
+                kind,
+                job=target.job,
+                params=params,
+                input_snapshot_id=target.input_snapshot_id,
+                **airflow,
+            )
+            if record.status == "SUCCEEDED":
+                return {**(record.stats or {}), "skipped": True}
+            ctx = RunContext(
+                run_id=run_id,
+                kind=kind,
+                tag=run_tag(run_id),
+                attempt=record.attempts,
+                target=target,
+                settings=settings or Settings.from_env(),
+            )
+            started = time.perf_counter()
+            try:
+                result = body(spark, catalog, ctx, **params)
+            except BaseException as exc:
+                reason = str(exc) if isinstance(exc, StatekeeperError) else error_line(exc)
+                catalog.fail_run(
+                    run_id, reason, stats={"duration_s": time.perf_counter() - started}
+                )
+                if isinstance(exc, StatekeeperError) or not isinstance(exc, Exception):
+                    raise
+                raise MaintenanceJobFailed(
+                    f"{kind} run {run_id!r} failed: {reason}; it is recorded FAILED: fix the "
+                    "cause and run it again with the same run id"
+                ) from exc
+            report: Report = {
+                "run_id": run_id,
+                "kind": kind,
+                "job": target.job,
+                "status": "SUCCEEDED",
+                "attempt": record.attempts,
+                "input_snapshot_id": target.input_snapshot_id,
+                "output_snapshot_id": result.output_snapshot_id,
+                "rows_in": result.rows_in,
+                "rows_out": result.rows_out,
+                "bytes_in": result.bytes_in,
+                "bytes_out": result.bytes_out,
+                "duration_s": round(time.perf_counter() - started, 3),
+                "params": params,
+                "stats": result.stats,
+            }
+            catalog.finish_run(
+                run_id,
+                stats=report,
+                output_snapshot_id=result.output_snapshot_id,
+                rows_in=result.rows_in,
+                rows_out=result.rows_out,
+                bytes_in=result.bytes_in,
+                bytes_out=result.bytes_out,
+            )
+            return report
+
+        run.kind = kind  # type: ignore[attr-defined]
+        return run
+
+    return wrap

@@ -1,0 +1,143 @@
+"""The SparkSession the maintenance jobs run on, and how storage URLs look to Spark.
+
+Statekeeper addresses storage with fsspec URLs; Spark reads through Hadoop file systems. The two
+agree on ``file://``, ``gs://`` and ``hdfs://``; S3 is ``s3a://`` on the Hadoop side. Storage that
+lives inside one Python process (``memory://``) or whose scheme Hadoop does not know cannot be
+reached by Spark's executors at all, and is refused up front instead of failing in a task.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from state_engine.config import Settings
+from state_engine.errors import ConfigurationError, StorageNotReachableFromSpark
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+APP_NAME = "statekeeper-maintenance"
+# Spark's default split size: a shuffle partition of this much data keeps a task busy for seconds,
+# not milliseconds, and still fits an executor's memory comfortably.
+TARGET_PARTITION_BYTES = 128 << 20
+_SCHEMES = {"file": "file", "s3": "s3a", "s3a": "s3a", "s3n": "s3a", "gs": "gs", "hdfs": "hdfs"}
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def spark_url(url: str) -> str:
+    """The URL under which Spark (Hadoop file systems) reaches the fsspec URL ``url``.
+
+    ``file://`` stays, ``s3://`` becomes ``s3a://``, ``gs://`` and ``hdfs://`` stay, a plain path
+    becomes an absolute ``file://`` URL. Anything else raises StorageNotReachableFromSpark.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(
+            f"storage URL {url!r} is empty; use e.g. 'file:///var/lib/checkpoints' or "
+            "'s3://bucket/checkpoints'"
+        )
+    match = _SCHEME_RE.match(url)
+    if match is None:
+        return Path(url).expanduser().resolve().as_uri()
+    scheme = match.group(1).lower()
+    target = _SCHEMES.get(scheme)
+    if target is None:
+        raise StorageNotReachableFromSpark(
+            f"storage URL {url!r} uses scheme {scheme!r}, which Spark's executors cannot reach"
+            + (" (it lives inside one Python process)" if scheme == "memory" else "")
+            + "; keep checkpoints on a shared file system or object store Spark can open: "
+            "file:// (local mode or a shared mount), s3:// (read as s3a://), gs:// or hdfs://"
+        )
+    return target + url[match.end(1) :]
+
+
+def check_reachable(url: str) -> str:
+    """``spark_url`` for its error; returns the URL unchanged for fsspec use."""
+    spark_url(url)
+    return url
+
+
+def local_cores(master: str) -> int | None:
+    """The cores of a ``local``/``local[n]``/``local[*]`` master; None for a cluster."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if m is None:
+        return None
+    if m.group(1) is None:
+        return 1
+    return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
+
+
+def shuffle_partitions_for(data_bytes: int | None, cores: int) -> int:
+    """Enough partitions to keep every core busy twice over, and none above ~128 MiB."""
+    by_cores = max(1, 2 * cores)
+    if not data_bytes:
+        return by_cores
+    return max(by_cores, math.ceil(data_bytes / TARGET_PARTITION_BYTES))
+
+
+def spark_conf(
+    settings: Settings | None = None,
+    *,
+    master: str | None = None,
+    data_bytes: int | None = None,
+    ui: bool = False,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The configuration a maintenance session starts with (``spark.master`` included)."""
+    settings = settings or Settings.from_env()
+    master = (master or settings.spark_master).strip()
+    if not master:
+        raise ConfigurationError(
+            "STATEKEEPER_SPARK_MASTER is empty; use 'local[*]' or a cluster URL such as "
+            "'spark://host:7077'"
+        )
+    cores = local_cores(master) or 8
+    conf = {
+        "spark.master": master,
+        "spark.app.name": APP_NAME,
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "16384",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions_for(data_bytes, cores)),
+        "spark.sql.session.timeZone": "UTC",
+        # the jobs keep their own files; Spark's _SUCCESS markers would be noise in snapshot dirs
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    }
+    if any(s in (settings.checkpoint_root or "") for s in ("s3://", "s3a://")):
+        conf["spark.hadoop.fs.s3a.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    conf.update(extra or {})
+    return conf
+
+
+def build_spark(
+    settings: Settings | None = None,
+    *,
+    master: str | None = None,
+    data_bytes: int | None = None,
+    ui: bool = False,
+    extra: dict[str, str] | None = None,
+) -> SparkSession:
+    """The active SparkSession, or a new one configured by :func:`spark_conf`.
+
+    An already running session (spark-submit's, a test's) is returned as is: its static settings
+    cannot change, and a second session in one JVM would fight it for the same context.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder: Any = SparkSession.builder
+    for key, value in spark_conf(
+        settings, master=master, data_bytes=data_bytes, ui=ui, extra=extra
+    ).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session

@@ -1,0 +1,158 @@
+"""The checkpoint coordinator of the local runtime: when to snapshot, and what to do when done.
+
+The runner drives every subtask from one thread and asks :meth:`CheckpointCoordinator.due` between
+records, so a barrier is aligned by construction: when it is triggered no subtask has processed a
+record after it, and the snapshot's synchronous phase is taken before any subtask moves on. At most
+one checkpoint is in flight (Flink's default): when the next one is due the runner waits for the
+previous one, which keeps the checkpoint positions a function of the record count only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from state_engine.errors import InvalidJob, StatekeeperError
+
+if TYPE_CHECKING:
+    from state_engine.checkpoint.manager import CheckpointManager
+    from state_engine.checkpoint.state import SubtaskState
+
+
+class BarrierParticipant(Protocol):
+    """A subtask as the coordinator sees it."""
+
+    def prepare_snapshot(self, barrier: int) -> SubtaskState:
+        """Pre-commit output up to the barrier; the state to snapshot."""
+        ...
+
+    def notify_checkpoint_complete(self, barrier: int) -> None: ...
+
+
+@dataclass
+class _InFlight:
+    barrier: int
+    kind: str
+    pending: Any  # PendingSnapshot
+    trigger: str
+
+
+@dataclass
+class CheckpointStats:
+    """What the coordinator did, for the job result."""
+
+    completed: list[Any] = field(default_factory=list)  # SnapshotRecord of checkpoints
+    savepoints: list[Any] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    sync_ms: list[float] = field(default_factory=list)
+
+
+class CheckpointCoordinator:
+    """Triggers snapshots every ``interval_records`` records and/or ``interval_seconds`` seconds
+    (and on demand) and notifies the participants of each completed checkpoint."""
+
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        participants: Sequence[BarrierParticipant],
+        *,
+        interval_records: int | None = None,
+        interval_seconds: float | None = None,
+        time_fn: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_records is not None and (
+            type(interval_records) is not int or interval_records < 1
+        ):
+            raise InvalidJob(
+                f"checkpoint interval_records must be an int >= 1, got {interval_records!r}"
+            )
+        if interval_seconds is not None and not interval_seconds > 0:
+            raise InvalidJob(f"checkpoint interval_seconds must be > 0, got {interval_seconds!r}")
+        self.manager = manager
+        self.participants = list(participants)
+        self.interval_records = interval_records
+        self.interval_seconds = interval_seconds
+        self._time = time_fn
+        self._barrier = 0
+        self._last_records = 0
+        self._last_time = time_fn()
+        self._in_flight: list[_InFlight] = []
+        self.stats = CheckpointStats()
+
+    def due(self, records: int) -> bool:
+        every = self.interval_records
+        if every is not None and records - self._last_records >= every:
+            return True
+        return (
+            self.interval_seconds is not None
+            and self._time() - self._last_time >= self.interval_seconds
+        )
+
+    def trigger(
+        self,
+        records: int,
+        *,
+        kind: str = "CHECKPOINT",
+        savepoint_dir: str | None = None,
+        trigger: str = "periodic",
+    ) -> _InFlight:
+        """Cut a barrier now; returns the in-flight snapshot (see :meth:`wait`)."""
+        self.wait_all(notify=True)
+        self._barrier += 1
+        barrier = self._barrier
+        states = [p.prepare_snapshot(barrier) for p in self.participants]
+        pending = self.manager.trigger(
+            states, kind=kind, savepoint_dir=savepoint_dir, trigger=trigger
+        )
+        self._last_records, self._last_time = records, self._time()
+        self.stats.sync_ms.append(float(getattr(pending.stats, "sync_ms", 0.0)))
+        flight = _InFlight(barrier, kind.upper(), pending, trigger)
+        self._in_flight.append(flight)
+        return flight
+
+    def poll(self) -> None:
+        """Finish the snapshots whose asynchronous phase is done (never blocks)."""
+        while self._in_flight and self._in_flight[0].pending.done():
+            self._finish(self._in_flight.pop(0), notify=True)
+
+    def wait(self, flight: _InFlight) -> Any:
+        """Block until ``flight`` (and those before it) finished; its record, or raise."""
+        while flight in self._in_flight:
+            self._finish(self._in_flight.pop(0), notify=True)
+        return self._outcome(flight)
+
+    def wait_all(self, *, notify: bool) -> None:
+        """Finish every snapshot in flight. ``notify=False`` models a crash right after the
+        snapshots completed: nothing learns of their completion (a restore must commit)."""
+        while self._in_flight:
+            self._finish(self._in_flight.pop(0), notify=notify)
+
+    def _finish(self, flight: _InFlight, *, notify: bool) -> None:
+        try:
+            record = flight.pending.result()
+        except StatekeeperError as exc:
+            # As Flink: a failed checkpoint fails alone; the next one covers its output.
+            flight.pending = exc
+            self.stats.failed.append(f"{flight.kind} at barrier {flight.barrier}: {exc}")
+            return
+        flight.pending = record
+        if flight.kind == "SAVEPOINT":
+            self.stats.savepoints.append(record)
+            return
+        self.stats.completed.append(record)
+        if notify:
+            self.manager.notify_checkpoint_complete(record.checkpoint_id)
+            for p in self.participants:
+                p.notify_checkpoint_complete(flight.barrier)
+
+    @staticmethod
+    def _outcome(flight: _InFlight) -> Any:
+        if isinstance(flight.pending, BaseException):
+            raise flight.pending
+        return flight.pending
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)

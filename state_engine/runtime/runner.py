@@ -1,0 +1,412 @@
+"""The local job runner: N subtasks of source -> keyed process function -> sink in one thread.
+
+Each step reads one record from each source subtask in turn and hands it straight to the keyed
+subtask that owns its key group, whose output goes to that subtask's sink writer. One thread and a
+fixed order make a run deterministic: the same input gives the same checkpoints at the same records,
+and the output and final state do not depend on the parallelism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.operator import OperatorStateBackend
+from state_engine.checkpoint.manager import CheckpointManager
+from state_engine.checkpoint.state import HeapBackendFactory, RestoreMode, SubtaskState
+from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.errors import InvalidJob, JobError
+from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
+from state_engine.runtime.coordinator import CheckpointCoordinator, CheckpointStats
+from state_engine.runtime.job import Job
+from state_engine.runtime.operator import KeyedProcessOperator
+from state_engine.runtime.sinks import SinkWriter, new_attempt_id
+from state_engine.runtime.source_reader import SourceReader
+from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK, combined_watermark
+from state_engine.state.meta import StateEntry
+from state_engine.state.ttl import Clock, SystemClock
+
+if TYPE_CHECKING:
+    from state_engine.catalog import Catalog, SnapshotRecord
+
+
+@dataclass
+class JobResult:
+    """What a run (or a part of one, up to a kill) did."""
+
+    job: str
+    parallelism: int
+    records_in: int
+    records_out: int
+    records_skipped: int
+    late_records: int
+    timers_fired: int
+    finished: bool
+    killed: bool
+    watermark: int
+    restored_from: Any = None  # SnapshotRecord
+    checkpoints: list[Any] = field(default_factory=list)  # SnapshotRecord, completed
+    savepoints: list[Any] = field(default_factory=list)
+    failed_checkpoints: list[str] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)
+
+
+class _Subtask:
+    """Subtask i of every operator (they are chained: same index, same thread)."""
+
+    def __init__(
+        self,
+        job: Job,
+        index: int,
+        parallelism: int,
+        keyed: KeyedStateBackend,
+        source_state: OperatorStateBackend,
+        sink_state: OperatorStateBackend,
+        clock: Clock,
+        attempt: str,
+    ) -> None:
+        self.index = index
+        self.job = job
+        self.keyed = keyed
+        self.source_state = source_state
+        self.sink_state = sink_state
+        self.reader = SourceReader(job.source, source_state)
+        self.writer = SinkWriter(job.sink, sink_state, attempt)
+        self.operator = KeyedProcessOperator(
+            job.operator_uid,
+            index,
+            parallelism,
+            job.new_function(),
+            keyed,
+            clock,
+            self.writer.write,
+        )
+
+    def prepare_snapshot(self, barrier: int) -> SubtaskState:
+        self.writer.prepare_commit(barrier)
+        return SubtaskState(
+            subtask_index=self.index,
+            keyed={self.job.operator_uid: self.keyed},
+            operator={self.job.source_uid: self.source_state, self.job.sink_uid: self.sink_state},
+        )
+
+    def notify_checkpoint_complete(self, barrier: int) -> None:
+        self.writer.notify_checkpoint_complete(barrier)
+
+
+class JobRunner:
+    """Runs ``job`` fresh, or restored from a snapshot at the job's (possibly new) parallelism.
+
+    ``restore_from``: None (fresh), ``"latest"``, a catalog snapshot id, or a snapshot directory
+    URL (a savepoint); it needs ``catalog`` and ``storage``, as does checkpointing.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        catalog: Catalog | None = None,
+        storage: CheckpointStorage | str | Path | None = None,
+        restore_from: int | str | None = None,
+        restore_mode: Any = None,
+    ) -> None:
+        if not isinstance(job, Job):
+            raise InvalidJob(f"JobRunner runs a Job, got {type(job).__name__}")
+        needs_manager = job.checkpointing or restore_from is not None
+        if needs_manager and (catalog is None or storage is None):
+            raise InvalidJob(
+                f"job {job.name!r} checkpoints or restores, which needs a catalog and a "
+                "checkpoint storage: pass JobRunner(job, catalog=..., storage=...)"
+            )
+        self.job = job
+        self.catalog = catalog
+        self.storage = str(storage) if isinstance(storage, Path) else storage
+        self.restore_from = restore_from
+        self.restore_mode = restore_mode
+        self.parallelism = job.parallelism
+        self.clock: Clock = job.clock if job.clock is not None else SystemClock()
+        self.attempt = new_attempt_id()
+        self.manager: CheckpointManager | None = None
+        self.coordinator: CheckpointCoordinator | None = None
+        self.subtasks: list[_Subtask] = []
+        self.restored_from: SnapshotRecord | None = None
+        self._started = False
+        self._closed = False
+        self._finished = False
+        self._killed = False
+        self._records_in = 0
+        self._late = 0
+        self._watermark = MIN_WATERMARK
+        self._timings: dict[str, Any] = {"setup_s": 0.0, "run_s": 0.0}
+
+    # --- setup ---
+
+    def _setup(self) -> None:
+        started = time.perf_counter()
+        job, p = self.job, self.parallelism
+        factory = job.backend if job.backend is not None else HeapBackendFactory()
+        restored: list[SubtaskState] | None = None
+        if self.catalog is not None and self.storage is not None:
+            self.manager = CheckpointManager(
+                self.catalog,
+                self.storage,
+                job.name,
+                max_parallelism=job.max_parallelism,
+                parallelism=p,
+                format=job.checkpoint_format,
+                retained=job.retained,
+                incremental=job.incremental,
+            )
+            if self.restore_from is not None:
+                result = self.manager.restore(
+                    self.restore_from,
+                    parallelism=p,
+                    factory=factory,
+                    key_serializer=job.key_serializer,
+                    mode=self.restore_mode or RestoreMode.NO_CLAIM,
+                    clock=self.clock,
+                )
+                self.restored_from = result.snapshot
+                restored = sorted(result.subtasks, key=lambda s: s.subtask_index)
+                if [s.subtask_index for s in restored] != list(range(p)):
+                    raise JobError(
+                        f"job {job.name!r}: the restore returned subtasks "
+                        f"{[s.subtask_index for s in restored]}, expected 0..{p - 1}"
+                    )
+        for i in range(p):
+            st = restored[i] if restored is not None else None
+            keyed = st.keyed.get(job.operator_uid) if st is not None else None
+            if keyed is None:
+                kgr = compute_key_group_range_for_operator_index(job.max_parallelism, p, i)
+                keyed = factory.create(
+                    job.operator_uid, i, job.key_serializer, job.max_parallelism, kgr, self.clock
+                )
+            ops = st.operator if st is not None else {}
+            source_state = ops.get(job.source_uid) or OperatorStateBackend(i, p)
+            sink_state = ops.get(job.sink_uid) or OperatorStateBackend(i, p)
+            self.subtasks.append(
+                _Subtask(job, i, p, keyed, source_state, sink_state, self.clock, self.attempt)
+            )
+        # Partitions no restored subtask holds (all of them, when fresh) go round-robin.
+        held = {part for s in self.subtasks for part in s.reader.partitions}
+        new = [part for part in job.source.partitions() if part not in held]
+        for j, part in enumerate(new):
+            self.subtasks[j % p].reader.assign([part])
+        # The restored checkpoint's pre-committed output is committed now; the rest discarded.
+        committables = [c for s in self.subtasks for c in s.writer.restored_committables()]
+        job.sink.recover(committables)
+        if self.manager is not None:
+            self.coordinator = CheckpointCoordinator(
+                self.manager,
+                self.subtasks,
+                interval_records=job.checkpoint_interval_records,
+                interval_seconds=job.checkpoint_interval_seconds,
+            )
+        self._started = True
+        self._timings["setup_s"] = time.perf_counter() - started
+        self._timings["restored_committables"] = len(committables)
+
+    def _ensure_running(self) -> None:
+        if self._closed or self._killed:
+            raise JobError(
+                f"job {self.job.name!r} was {'killed' if self._killed else 'closed'}: start a new "
+                "JobRunner (restore_from='latest' to continue from its last checkpoint)"
+            )
+        if not self._started:
+            self._setup()
+
+    # --- running ---
+
+    def run(self) -> JobResult:
+        """Run to the end of the (bounded) input; a final checkpoint commits the rest."""
+        self._ensure_running()
+        if not self._finished:
+            self._pump(None)
+            self._end_of_input()
+        return self.result()
+
+    def run_until(self, records: int, *, kill: bool = True) -> JobResult:
+        """Process until ``records`` records have been read in this run, then stop.
+
+        ``kill=True`` stops abruptly, as a crash would: no final checkpoint, in-memory state and
+        uncommitted output dropped, completed checkpoints not notified. ``kill=False`` pauses; call
+        :meth:`run`, :meth:`checkpoint`, :meth:`savepoint` or :meth:`kill` next.
+        """
+        if type(records) is not int or records < 0:
+            raise InvalidJob(f"run_until needs a record count >= 0, got {records!r}")
+        self._ensure_running()
+        if not self._finished and not self._pump(records):
+            self._end_of_input()
+        if kill:
+            self.kill()
+        return self.result()
+
+    def _pump(self, limit: int | None) -> bool:
+        """Process records until ``limit`` (True: limit reached) or the end of input (False)."""
+        started = time.perf_counter()
+        job, p = self.job, self.parallelism
+        max_p = job.max_parallelism
+        key_of = job.key_selector
+        readers = [s.reader for s in self.subtasks]
+        operators = [s.operator for s in self.subtasks]
+        marks = [r.watermarks for r in readers]
+        coordinator = self.coordinator
+        try:
+            while True:
+                progressed = False
+                for reader in readers:
+                    if limit is not None and self._records_in >= limit:
+                        return True
+                    if reader.finished:
+                        continue
+                    rec = reader.poll()
+                    if rec is not None:
+                        progressed = True
+                        key = key_of(rec.value)
+                        op = operators[assign_to_key_group(key, max_p) * p // max_p]
+                        if rec.timestamp <= self._watermark:
+                            self._late += 1
+                        op.process(key, rec.value, rec.timestamp)
+                        self._records_in += 1
+                    wm = combined_watermark(marks)
+                    if wm > self._watermark:
+                        self._watermark = wm
+                        for o in operators:
+                            o.advance_watermark(wm)
+                    for o in operators:
+                        o.fire_processing_timers()
+                    if coordinator is not None:
+                        coordinator.poll()
+                        if coordinator.due(self._records_in):
+                            coordinator.trigger(self._records_in)
+                if not progressed:
+                    return False
+        finally:
+            self._timings["run_s"] += time.perf_counter() - started
+
+    def _end_of_input(self) -> None:
+        """Flink's end of input: the max watermark fires every event-time timer, then a final
+        checkpoint commits the remaining output."""
+        self._watermark = MAX_WATERMARK
+        for s in self.subtasks:
+            s.operator.advance_watermark(MAX_WATERMARK)
+        if self.coordinator is not None:
+            flight = self.coordinator.trigger(self._records_in, trigger="final")
+            self.coordinator.wait(flight)
+        else:
+            for s in self.subtasks:
+                s.writer.prepare_commit(0)
+                s.writer.notify_checkpoint_complete(0)
+        self._finished = True
+
+    # --- on demand ---
+
+    def checkpoint(self) -> SnapshotRecord:
+        """A checkpoint now (between records), waited for and notified."""
+        return self._snapshot("CHECKPOINT", None)
+
+    def savepoint(self, directory: str | Path | None = None) -> SnapshotRecord:
+        """A savepoint now (canonical, self-contained), in ``directory``: a URL, a path under the
+        checkpoint root (str), a local directory (Path), or the storage's default."""
+        if isinstance(directory, Path):
+            directory = directory.resolve().as_uri()
+        return self._snapshot("SAVEPOINT", directory)
+
+    def _snapshot(self, kind: str, directory: str | None) -> SnapshotRecord:
+        self._ensure_running()
+        if self.coordinator is None:
+            raise InvalidJob(
+                f"job {self.job.name!r} has no checkpoint storage: pass catalog and storage to "
+                "JobRunner to take snapshots"
+            )
+        flight = self.coordinator.trigger(
+            self._records_in, kind=kind, savepoint_dir=directory, trigger="manual"
+        )
+        return self.coordinator.wait(flight)
+
+    def kill(self) -> None:
+        """Stop as a crash would (see :meth:`run_until`)."""
+        if self._killed or self._closed:
+            return
+        self._killed = True
+        if self.coordinator is not None:
+            # Their files belong to the checkpoint layer; let them land so a restore sees a
+            # settled catalog, but tell nobody (a crash between completion and notification).
+            self.coordinator.wait_all(notify=False)
+        for s in self.subtasks:
+            s.writer.abort()
+            s.reader.close()
+        self._close_backends()
+
+    # --- results and state ---
+
+    def result(self) -> JobResult:
+        stats = self.coordinator.stats if self.coordinator is not None else CheckpointStats()
+        return JobResult(
+            job=self.job.name,
+            parallelism=self.parallelism,
+            records_in=self._records_in,
+            records_out=sum(s.writer.written for s in self.subtasks),
+            records_skipped=sum(s.reader.records_skipped for s in self.subtasks),
+            late_records=self._late,
+            timers_fired=sum(s.operator.timers_fired for s in self.subtasks),
+            finished=self._finished,
+            killed=self._killed,
+            watermark=self._watermark,
+            restored_from=self.restored_from,
+            checkpoints=list(stats.completed),
+            savepoints=list(stats.savepoints),
+            failed_checkpoints=list(stats.failed),
+            timings={**self._timings, "checkpoint_sync_ms": list(stats.sync_ms)},
+        )
+
+    def state_entries(self) -> list[StateEntry]:
+        """Every canonical keyed-state row of every subtask (timers included), now."""
+        if self._killed or self._closed or not self._started:
+            raise JobError(f"job {self.job.name!r} holds no live state (not started, or stopped)")
+        rows: list[StateEntry] = []
+        for s in self.subtasks:
+            with s.keyed.snapshot_view() as view:
+                rows.extend(view.iter_entries())
+        return rows
+
+    def partitions(self) -> list[list[str]]:
+        """The partitions each source subtask reads."""
+        return [s.reader.partitions for s in self.subtasks]
+
+    def operator_state(self, subtask: int) -> Sequence[OperatorStateBackend]:
+        s = self.subtasks[subtask]
+        return (s.source_state, s.sink_state)
+
+    # --- shutdown ---
+
+    def _close_backends(self) -> None:
+        for s in self.subtasks:
+            with contextlib.suppress(Exception):
+                s.keyed.close()
+        if self.manager is not None:
+            self.manager.close(wait=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if not self._killed:
+            if self.coordinator is not None:
+                self.coordinator.wait_all(notify=True)
+            for s in self.subtasks:
+                s.operator.close()
+                s.writer.abort()
+                s.reader.close()
+            self._close_backends()
+        self._closed = True
+
+    def __enter__(self) -> JobRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,72 @@
+"""What a backend records about each state (for checkpoints' _metadata) and the canonical row."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from state_engine.errors import InvalidStateDescriptor
+from state_engine.serde import SerializerSnapshot, TypeSerializer, serializer_from_snapshot
+from state_engine.state.descriptors import StateKind
+from state_engine.state.ttl import StateTtlConfig
+
+
+class StateEntry(NamedTuple):
+    """One canonical keyed-state row (the Parquet schema of canonical snapshots).
+
+    Value/Reducing/Aggregating: one row, ``user_key`` None. Map: one row per entry, ``user_key`` the
+    serialized map key. List: one row per element, ``user_key`` its position as 4-byte big-endian.
+    ``value`` is serialized with the state's serializer; expiry is its own column.
+    """
+
+    key_group: int
+    key_hash: int
+    key: bytes
+    namespace: bytes
+    state: str
+    user_key: bytes | None
+    value: bytes
+    expires_at: int | None
+
+
+@dataclass(frozen=True)
+class StateMetaInfo:
+    """Name, kind, serializers (roles ``value``, ``namespace`` and, for maps, ``user_key``), TTL."""
+
+    name: str
+    kind: StateKind
+    serializers: Mapping[str, TypeSerializer] = field(default_factory=dict)
+    ttl: StateTtlConfig | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "serializers": {r: s.snapshot().to_dict() for r, s in sorted(self.serializers.items())},
+            "ttl": self.ttl.to_dict() if self.ttl is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StateMetaInfo:
+        try:
+            return cls(
+                name=data["name"],
+                kind=StateKind(data["kind"]),
+                serializers={
+                    role: serializer_from_snapshot(SerializerSnapshot.from_dict(snap))
+                    for role, snap in data["serializers"].items()
+                },
+                ttl=StateTtlConfig.from_dict(data["ttl"]) if data.get("ttl") else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidStateDescriptor):
+                raise
+            raise InvalidStateDescriptor(
+                f"cannot read state meta info from {dict(data)!r:.200}: {exc!r}; expected the dict "
+                "StateMetaInfo.to_dict() writes"
+            ) from exc
+
+    @staticmethod
+    def coerce(value: StateMetaInfo | Mapping[str, Any]) -> StateMetaInfo:
+        return value if isinstance(value, StateMetaInfo) else StateMetaInfo.from_dict(value)

@@ -1,0 +1,372 @@
+"""``statectl verify``: does the catalog tell the truth about storage?
+
+For each job (or the one named):
+
+- every file of every COMPLETED snapshot exists with the size (and, deep, the crc32 checksum) the
+  catalog recorded; each file is checked once however many snapshots share it;
+- each COMPLETED snapshot's ``_metadata`` reads and validates, names the same checkpoint, and
+  lists exactly the files the catalog attached, with the same sizes and checksums;
+- PENDING snapshots are listed apart: they are not restorable (in progress, or left behind by a
+  crash), their files are kept, and a missing file of theirs is no inconsistency;
+- files under the job's storage roots (its directory and any savepoint directory outside it)
+  that no live snapshot references are listed as warnings: ``orphan`` (the catalog never heard
+  of them: a crash between writing and attaching leaves these) or ``released`` (the catalog
+  released them: the next checkpoint's cleanup or orphan cleanup deletes them). ``strict`` makes
+  them errors.
+
+Nothing is changed or deleted. :func:`verify` returns a :class:`VerifyReport`; ``ok`` is False
+on any error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import posixpath
+import zlib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from state_engine.catalog import Catalog
+from state_engine.catalog.records import JobRecord, SnapshotFileRecord, SnapshotRecord
+from state_engine.checkpoint.metadata import METADATA_FILE, SnapshotMetadata
+from state_engine.checkpoint.storage import SnapshotDir, format_checksum, resolve_storage
+from state_engine.errors import StatekeeperError
+
+ERROR, WARNING, PENDING = "ERROR", "WARNING", "PENDING"
+LIVE = ("PENDING", "COMPLETED")
+_CHUNK = 1 << 20
+
+#: exit status of ``statectl verify`` when it found an inconsistency (1 is "could not check")
+EXIT_INCONSISTENT = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of the report."""
+
+    level: str  # ERROR, WARNING or PENDING
+    kind: str  # missing, size, checksum, metadata, metadata-mismatch, orphan, released, pending
+    message: str
+    path: str | None = None
+    snapshot_id: int | None = None
+    checkpoint_id: int | None = None
+
+
+@dataclass
+class JobReport:
+    job: str
+    location: str | None
+    completed: int = 0
+    pending: int = 0
+    files_checked: int = 0
+    bytes_checked: int = 0
+    files_listed: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    def add(self, finding: Finding) -> None:
+        self.findings.append(finding)
+
+
+@dataclass
+class VerifyReport:
+    jobs: list[JobReport]
+    deep: bool
+    strict: bool
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for j in self.jobs for f in j.findings]
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "deep": self.deep,
+            "strict": self.strict,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "jobs": [asdict(j) for j in self.jobs],
+        }
+
+    def render(self) -> str:
+        check = "size and crc32 checksum" if self.deep else "size only (--quick)"
+        lines: list[str] = []
+        for j in self.jobs:
+            lines.append(
+                f"job {j.job} ({j.location or 'no location'}): {j.completed} COMPLETED, "
+                f"{j.pending} PENDING snapshot(s); {j.files_checked} file(s), "
+                f"{_size(j.bytes_checked)} checked ({check}); {j.files_listed} file(s) in storage"
+            )
+            for f in j.findings:
+                lines.append(f"  {f.level:<7} {f.message}")
+        if not self.jobs:
+            lines.append("no jobs in the catalog")
+        if self.ok:
+            lines.append(f"result: consistent ({len(self.warnings)} warning(s))")
+        else:
+            lines.append(
+                f"result: INCONSISTENT: {len(self.errors)} error(s), {len(self.warnings)} "
+                "warning(s); do not restore from a snapshot with an ERROR line"
+            )
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+class _Storage:
+    """Filesystems by URL scheme, and file checks that are done once per URL."""
+
+    def __init__(self, storage_options: dict[str, Any] | None) -> None:
+        self.options = storage_options
+        self._fs: dict[str, AbstractFileSystem] = {}
+        self._checked: dict[tuple[str, bool], tuple[str, str] | None] = {}
+
+    def resolve(self, url: str) -> tuple[AbstractFileSystem, str]:
+        scheme = url.split("://", 1)[0] if "://" in url else "file"
+        fs = self._fs.get(scheme)
+        if fs is None:
+            fs, path = resolve_storage(url, self.options)
+            self._fs[scheme] = fs
+            return fs, path
+        return fs, fs._strip_protocol(url)
+
+    def check(
+        self, url: str, size: int, checksum: str | None, deep: bool
+    ) -> tuple[str, str] | None:
+        """None if the file is as recorded, else (kind, what is wrong)."""
+        key = (url, deep)
+        if key not in self._checked:
+            self._checked[key] = self._check(url, size, checksum, deep)
+        return self._checked[key]
+
+    def _check(
+        self, url: str, size: int, checksum: str | None, deep: bool
+    ) -> tuple[str, str] | None:
+        fs, path = self.resolve(url)
+        try:
+            actual = int(fs.info(path)["size"])
+        except FileNotFoundError:
+            return "missing", "is missing from storage"
+        if actual != size:
+            return "size", (
+                f"has {actual} bytes in storage, the catalog recorded {size} (truncated or "
+                "replaced)"
+            )
+        if deep and checksum is not None:
+            crc = 0
+            with fs.open(path, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    crc = zlib.crc32(chunk, crc)
+            if format_checksum(crc) != checksum:
+                return "checksum", (
+                    f"has checksum {format_checksum(crc)}, the catalog recorded {checksum} "
+                    "(its content is corrupt)"
+                )
+        return None
+
+    def list_files(self, url: str) -> dict[str, int]:
+        """URL -> size of every file under ``url`` (nothing if it does not exist)."""
+        fs, path = self.resolve(url)
+        if not fs.exists(path):
+            return {}
+        found = fs.find(path, detail=True)
+        return {fs.unstrip_protocol(p): int(info.get("size") or 0) for p, info in found.items()}
+
+
+def _label(s: SnapshotRecord) -> str:
+    name = f"chk-{s.checkpoint_id}" if s.kind == "CHECKPOINT" else f"savepoint {s.checkpoint_id}"
+    return f"{name} (snapshot {s.id}, {s.status})"
+
+
+def _by_path(files: Iterable[SnapshotFileRecord]) -> dict[str, SnapshotFileRecord]:
+    out: dict[str, SnapshotFileRecord] = {}
+    for f in files:
+        out.setdefault(f.path, f)  # a file read by several subtasks is listed once per subtask
+    return out
+
+
+def _check_metadata(
+    report: JobReport, snap: SnapshotRecord, files: dict[str, SnapshotFileRecord]
+) -> None:
+    """``_metadata`` reads, validates, and agrees with what the catalog attached."""
+    label = _label(snap)
+    try:
+        sdir = SnapshotDir.from_url(snap.location)
+        meta = SnapshotMetadata.from_json(sdir.read_metadata_bytes(), sdir.url)
+    except (StatekeeperError, OSError, ValueError) as exc:
+        report.add(
+            Finding(ERROR, "metadata", f"{label}: {METADATA_FILE} cannot be read: {exc}",
+                    posixpath.join(snap.location, METADATA_FILE), snap.id, snap.checkpoint_id)
+        )  # fmt: skip
+        return
+    problems: list[str] = []
+    if meta.checkpoint_id != snap.checkpoint_id:
+        problems.append(
+            f"it names checkpoint {meta.checkpoint_id}, the catalog {snap.checkpoint_id}"
+        )
+    listed: set[str] = set()
+    for mf in meta.files:
+        try:
+            url = sdir.fs.unstrip_protocol(sdir.resolve(mf.path))
+        except StatekeeperError as exc:
+            problems.append(f"file {mf.path!r}: {exc}")
+            continue
+        listed.add(url)
+        cf = files.get(url)
+        if cf is None:
+            problems.append(f"it lists {mf.path} ({url}), which the catalog did not attach")
+        elif cf.size != mf.size or (cf.checksum and cf.checksum != mf.checksum):
+            problems.append(
+                f"it records {mf.path} as {mf.size} bytes {mf.checksum}, the catalog as "
+                f"{cf.size} bytes {cf.checksum}"
+            )
+    meta_url = sdir.fs.unstrip_protocol(sdir.metadata_path)
+    for url in sorted(set(files) - listed - {meta_url}):
+        problems.append(f"the catalog attached {url}, which it does not list")
+    for problem in problems:
+        report.add(
+            Finding(ERROR, "metadata-mismatch",
+                    f"{label}: {METADATA_FILE} disagrees with the catalog: {problem}",
+                    meta_url, snap.id, snap.checkpoint_id)
+        )  # fmt: skip
+
+
+def verify_job(
+    catalog: Catalog,
+    job: str | int | JobRecord,
+    *,
+    deep: bool = True,
+    strict: bool = False,
+    storage: _Storage | None = None,
+) -> JobReport:
+    """Check one job's live snapshots against storage (see the module doc)."""
+    record = job if isinstance(job, JobRecord) else catalog.get_job(job)
+    storage = storage or _Storage(None)
+    report = JobReport(record.name, record.location)
+    snaps = catalog.list_snapshots(record.id, status=list(LIVE))
+    referenced: set[str] = set()
+    roots = [record.location] if record.location else []
+    for snap in sorted(snaps, key=lambda s: s.checkpoint_id):
+        files = _by_path(catalog.snapshot_files(snap.id))
+        referenced.update(files)
+        if not any(snap.location.startswith(r.rstrip("/") + "/") for r in roots):
+            roots.append(snap.location)
+        if snap.status == "PENDING":
+            report.pending += 1
+            missing = sum(
+                1 for f in files.values() if storage.check(f.path, f.size, None, False) is not None
+            )
+            report.add(
+                Finding(PENDING, "pending",
+                        f"{_label(snap)} started {snap.created_at:%Y-%m-%d %H:%M:%S}: not "
+                        f"restorable (in progress, or left by a crash); {len(files)} file(s) "
+                        f"attached, {missing} of them not in storage; its files are kept",
+                        snap.location, snap.id, snap.checkpoint_id)
+            )  # fmt: skip
+            continue
+        report.completed += 1
+        for f in files.values():
+            report.files_checked += 1
+            report.bytes_checked += f.size
+            problem = storage.check(f.path, f.size, f.checksum, deep)
+            if problem is not None:
+                kind, what = problem
+                report.add(
+                    Finding(ERROR, kind, f"{_label(snap)}: file {f.path} {what}", f.path,
+                            snap.id, snap.checkpoint_id)
+                )  # fmt: skip
+        _check_metadata(report, snap, files)
+    referenced |= catalog.live_paths(record.id)
+    known = catalog.known_paths(record.id)
+    orphan_level = ERROR if strict else WARNING
+    for root in roots:
+        stored = storage.list_files(root)
+        report.files_listed += len(stored)
+        for url, size in sorted(stored.items()):
+            if url in referenced:
+                continue
+            if url in known:
+                report.add(
+                    Finding(orphan_level, "released",
+                            f"released file {url} ({size} B): no live snapshot uses it; the next "
+                            "checkpoint's cleanup or orphan cleanup deletes it", url)
+                )  # fmt: skip
+            else:
+                report.add(
+                    Finding(orphan_level, "orphan",
+                            f"orphan file {url} ({size} B): no snapshot references it (left by "
+                            "a failed or crashed snapshot?); orphan cleanup deletes it", url)
+                )  # fmt: skip
+    return report
+
+
+def verify(
+    catalog: Catalog,
+    job: str | int | None = None,
+    *,
+    deep: bool = True,
+    strict: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> VerifyReport:
+    """Check ``job`` (default: every job in the catalog) against storage."""
+    storage = _Storage(storage_options)
+    jobs = [catalog.get_job(job)] if job is not None else catalog.list_jobs()
+    return VerifyReport(
+        [verify_job(catalog, j, deep=deep, strict=strict, storage=storage) for j in jobs],
+        deep=deep,
+        strict=strict,
+    )
+
+
+# --- statectl verify ---
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from state_engine.config import Settings
+
+    with Catalog.from_settings(Settings.from_env()) as catalog:
+        report = verify(catalog, args.job, deep=not args.quick, strict=args.strict)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report.render())
+    return 0 if report.ok else EXIT_INCONSISTENT
+
+
+def register(commands: Any) -> argparse.ArgumentParser:
+    """Add ``verify`` to statectl's subcommands."""
+    text = (
+        "check the catalog against storage: every file of every live snapshot exists with its "
+        "size and checksum, each _metadata verifies; list unreferenced files. Exit 0 when "
+        f"consistent, {EXIT_INCONSISTENT} on any inconsistency"
+    )
+    parser = commands.add_parser("verify", help=text, description=text)
+    parser.set_defaults(handler=cmd_verify)
+    parser.add_argument("job", metavar="JOB", nargs="?", help="only this job (default: all)")
+    parser.add_argument("--quick", action="store_true", help="sizes only, no checksums")
+    parser.add_argument(
+        "--strict", action="store_true", help="unreferenced files are errors, not warnings"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser

@@ -1,0 +1,278 @@
+"""The plugin's pages in a real browser, served by a real ``airflow api-server``.
+
+The server runs on a free loopback port with the session's migrated Airflow home, our
+``plugins/`` folder, SimpleAuthManager with a known password, and a seeded SQLite catalog.
+Headless Chromium first proves an anonymous visitor lands on Airflow's login, then logs in the
+way the UI does (a JWT from ``POST /auth/token`` in the ``_token`` cookie), opens a job's page,
+and the test reads the rendered DOM and decodes the screenshot's pixels.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sk_png
+from sk_airflow_support import MovableClock
+from sk_browser import INSTALL_HINT, Deadline, chromium, find_chromium, stop
+
+from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+
+pytestmark = pytest.mark.slow
+
+PASSWORD = "browser-test-password"
+CHART_BLUE = (9, 103, 210)  # charts.COLORS[0], the "total" line and its points
+SNAPSHOTS = 8
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def chromium_binary() -> str:
+    binary = find_chromium()
+    if binary is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(
+                f"chromium is not installed, and CI must run the browser test: {INSTALL_HINT}"
+            )
+        pytest.skip(f"chromium is not installed: {INSTALL_HINT}")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def browser_catalog(
+    migrated_catalog_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """Job ``orders``: eight completed checkpoints an hour apart, its state growing, two
+    operators, and a hot key group (7) in every snapshot."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("browser-catalog") / "catalog.db"
+    shutil.copyfile(migrated_catalog_template, path)
+    url = f"sqlite:///{path}"
+    now = datetime.now(UTC)
+    clock = MovableClock(now)
+    with Catalog.open(url, clock=clock) as cat:
+        cat.register_job("orders", max_parallelism=128, location="file:///ckpt/orders")
+        for n in range(1, SNAPSHOTS + 1):
+            clock.now = now - timedelta(hours=SNAPSHOTS - n)
+            snap = cat.begin_snapshot(
+                "orders", location=f"file:///ckpt/orders/chk-{n}", parallelism=2
+            )
+            cat.attach_files(
+                snap.id,
+                [
+                    FileRef(
+                        path=f"file:///ckpt/orders/chk-{n}/{op}-{sub}.parquet",
+                        size=(40_000 if op == "counter" else 15_000) * n + 1_000 * sub,
+                        operator=op,
+                        subtask=sub,
+                        key_group_start=sub * 64,
+                        key_group_end=sub * 64 + 63,
+                    )
+                    for op in ("counter", "window")
+                    for sub in range(2)
+                ],
+            )
+            cat.record_key_group_stats(
+                snap.id,
+                [
+                    KeyGroupStatRow(op, kg, rows=(900 if kg == 7 else 50 + kg % 13) * n)
+                    for op in ("counter", "window")
+                    for kg in range(128)
+                ],
+            )
+            cat.complete_snapshot(snap.id, snap.version)
+    return url
+
+
+@pytest.fixture(scope="module")
+def api_server(
+    airflow_home: Path, browser_catalog: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("api-server")
+    passwords = work / "passwords.json"
+    passwords.write_text(json.dumps({"admin": PASSWORD}))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__API__BASE_URL": url,
+        "STATEKEEPER_CATALOG_URL": browser_catalog,
+    }
+    log = work / "api-server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("airflow")),
+                "api-server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_healthy(f"{url}/api/v2/monitor/health", process, log)
+        yield Server(url, log)
+    finally:
+        stop(process)
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = Deadline(180)
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"airflow api-server exited with {process.returncode}:\n{tail(log)}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        try:
+            deadline.left()
+        except TimeoutError:
+            pytest.fail(f"airflow api-server not healthy at {url} in time:\n{tail(log)}")
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=0.5)  # the pause between polls; returns early if it dies
+
+
+def tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def login_token(server: Server) -> str:
+    request = urllib.request.Request(
+        f"{server.url}/auth/token",
+        data=json.dumps({"username": "admin", "password": PASSWORD}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 201
+        return json.load(answer)["access_token"]
+
+
+def test_the_job_page_renders_its_size_chart_in_chromium(
+    chromium_binary: str, api_server: Server, tmp_path: Path
+) -> None:
+    job_url = f"{api_server.url}/statekeeper/jobs/orders"
+    with chromium(chromium_binary, tmp_path / "profile") as page:
+        page.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1280,
+            height=1000,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        # Anonymous: the plugin sends the browser to Airflow's login, asking to come back.
+        page.navigate(job_url)
+        landed = page.evaluate("location.pathname + location.search")
+        assert landed.startswith("/auth/login"), landed
+        assert "statekeeper%2Fjobs%2Forders" in landed or "statekeeper/jobs/orders" in landed
+
+        # Logged in as the UI is: Airflow's JWT in the _token cookie.
+        page.call(
+            "Network.setCookie",
+            name="_token",
+            value=login_token(api_server),
+            url=f"{api_server.url}/",
+            path="/",
+        )
+        page.navigate(job_url)
+        dom = page.evaluate(
+            """JSON.stringify({
+                title: document.title,
+                path: location.pathname,
+                chart: (() => {
+                    const svg = document.getElementById("size-chart");
+                    if (!svg) return null;
+                    const r = svg.getBoundingClientRect();
+                    return {x: r.x, y: r.y, width: r.width, height: r.height,
+                            points: svg.querySelectorAll("circle").length,
+                            lines: svg.querySelectorAll("polyline").length};
+                })(),
+                snapshotLinks: document.querySelectorAll('a[href^="../snapshots/"]').length,
+                heading: document.querySelector("h1").textContent,
+            })"""
+        )
+        screenshot = page.call("Page.captureScreenshot", format="png")["data"]
+
+        # Follow the newest snapshot's link, as a person would: its skew histogram renders.
+        page.events.clear()
+        page.evaluate("document.querySelector('a[href^=\"../snapshots/\"]').click()")
+        page.wait_for("Page.loadEventFired")
+        snapshot_dom = json.loads(
+            page.evaluate(
+                """JSON.stringify({
+                    title: document.title,
+                    bars: document.querySelectorAll("#skew-chart-0 rect.bar").length,
+                    skew: document.querySelector(".figure.skew").textContent,
+                })"""
+            )
+        )
+        snapshot_png = base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"])
+
+    state = json.loads(dom)
+    assert state["title"] == "Statekeeper: job orders", tail(api_server.log)
+    assert state["path"] == "/statekeeper/jobs/orders"
+    assert state["heading"] == "Job orders"
+    chart = state["chart"]
+    assert chart is not None, "no #size-chart element in the rendered page"
+    # A total line and one per operator, a point per completed snapshot on each.
+    assert (chart["lines"], chart["points"]) == (3, 3 * SNAPSHOTS)
+    assert chart["width"] > 400 and chart["height"] > 100  # laid out, not collapsed
+    assert state["snapshotLinks"] == SNAPSHOTS
+
+    png = base64.b64decode(screenshot)
+    path = tmp_path / "job-page.png"
+    path.write_bytes(png)
+    image = sk_png.decode(png)
+    assert (image.width, image.height) == (1280, 1000)
+    rgb = image.rgb()
+    colours = np.unique(rgb.reshape(-1, 3), axis=0)
+    assert len(colours) > 20, f"a near-blank screenshot ({len(colours)} colours): {path}"
+    # The chart's line and points are drawn where the DOM says the chart is.
+    top, left = int(chart["y"]), int(chart["x"])
+    area = rgb[top : top + int(chart["height"]), left : left + int(chart["width"])]
+    blue = (area == np.array(CHART_BLUE, dtype=np.uint8)).all(axis=2).sum()
+    assert blue > 100, f"the size chart is not painted in the screenshot: {path}"
+
+    # The newest snapshot (checkpoint 8): 127 key groups around 56 rows x 8, key group 7 hot.
+    (tmp_path / "snapshot-page.png").write_bytes(snapshot_png)
+    assert snapshot_dom["title"].startswith("Statekeeper: snapshot ")
+    assert snapshot_dom["bars"] == 128
+    assert float(snapshot_dom["skew"]) > 10
+    shot = sk_png.decode(snapshot_png).rgb()
+    assert (shot == np.array(CHART_BLUE, dtype=np.uint8)).all(axis=2).sum() > 500

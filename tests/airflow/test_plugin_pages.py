@@ -1,0 +1,289 @@
+"""The plugin's pages over a real catalog, through TestClient, with real Airflow tokens."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
+from urllib.parse import urljoin
+
+import pytest
+from fastapi.testclient import TestClient
+from sk_airflow_support import Seeded
+
+from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+
+
+@pytest.fixture
+def seeded(seeded_catalog: Seeded) -> Seeded:
+    """The shared seed plus what only the pages show: an Airflow-triggered run that failed."""
+    with Catalog.open(seeded_catalog.url) as cat:
+        cat.start_run(
+            "ttl-9",
+            "ttl_cleanup",
+            job="orders",
+            input_snapshot_id=seeded_catalog.completed_id,
+            dag_id="statekeeper_ttl_cleanup",
+            airflow_run_id="scheduled__2025-01-01T00:00:00+00:00",
+        )
+        cat.fail_run("ttl-9", "executor lost <heartbeat>")
+    return seeded_catalog
+
+
+@pytest.fixture
+def client(auth_manager: object, seeded: Seeded) -> Iterator[TestClient]:
+    from statekeeper_airflow.app import create_app
+    from statekeeper_airflow.catalog_access import CatalogHolder
+
+    with TestClient(create_app(CatalogHolder(lambda: Catalog.open(seeded.url)))) as client:
+        yield client
+
+
+@pytest.fixture
+def logged_in(client: TestClient, make_token: Callable[..., str]) -> TestClient:
+    client.cookies.set("_token", make_token(username="viewer", role="VIEWER"))
+    return client
+
+
+class Links(HTMLParser):
+    """Every href and every element id of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name == "href" and value is not None:
+                self.hrefs.append(value)
+            if name == "id" and value is not None:
+                self.ids.append(value)
+
+
+def parse(html: str) -> Links:
+    links = Links()
+    links.feed(html)
+    return links
+
+
+def self_contained(html: str) -> None:
+    # The API server may have no network: nothing is fetched, nothing links off the app.
+    for needle in ("<script", "<link", "<img", "@import", "url("):
+        assert needle not in html, needle
+    for href in parse(html).hrefs:
+        assert not re.match(r"^[a-z]+:|^/", href), f"absolute link {href!r}"
+
+
+# --- every page refuses anonymous users ---
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/jobs/orders", "/snapshots/1", "/runs", "/runs?job=orders", "/jobs/nope"]
+)
+def test_pages_redirect_anonymous_users_to_the_airflow_login(client: TestClient, path: str) -> None:
+    response = client.get(path, follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/auth/login?next=")
+    assert "orders" not in response.text
+
+
+# --- the jobs overview ---
+
+
+def test_overview_links_every_job_to_its_page(logged_in: TestClient, seeded: Seeded) -> None:
+    html = logged_in.get("/").text
+    self_contained(html)
+    hrefs = parse(html).hrefs
+    assert "jobs/orders" in hrefs and "jobs/payments" in hrefs
+    assert f"snapshots/{seeded.completed_id}" in hrefs  # the latest checkpoint
+    assert "runs" in hrefs
+    assert "2 jobs in the catalog" in html
+
+
+def test_overview_is_paged_in_the_database(logged_in: TestClient) -> None:
+    html = logged_in.get("/?limit=1&offset=1").text
+    assert ">payments</a>" in html and ">orders</a>" not in html
+    assert "2-2 of 2 jobs" in html
+    assert "?offset=0&amp;limit=1" in html  # previous page
+    assert logged_in.get("/?limit=0").status_code == 422
+
+
+# --- a job ---
+
+
+def test_job_page_lists_snapshots_and_charts_the_state_size(
+    logged_in: TestClient, seeded: Seeded
+) -> None:
+    response = logged_in.get("/jobs/orders")
+    assert response.status_code == 200
+    html = response.text
+    self_contained(html)
+    assert "<title>Statekeeper: job orders</title>" in html
+    assert '<svg id="size-chart"' in html
+    # One point per completed snapshot on the total line: chk-1 is 3500 bytes, chk-2 6500.
+    chart = html[html.index('<svg id="size-chart"') : html.index("</svg>")]
+    assert chart.count("<circle") == 2
+    assert "total: 3.4 KiB" in chart and "total: 6.3 KiB" in chart
+    # Four snapshots, newest checkpoint first, each linked to its page.
+    rows = re.findall(r'<td class="num"><a href="../snapshots/(\d+)">', html)
+    assert [int(r) for r in rows] == [
+        seeded.fresh_pending_id,
+        seeded.stale_pending_id,
+        seeded.completed_id,
+        seeded.older_completed_id,
+    ]
+    for column in ("Checkpoint", "Kind", "Format", "Status", "Parallelism", "Bytes", "Entries"):
+        assert f">{column}</th>" in html
+    assert "status-PENDING" in html and "status-COMPLETED" in html
+    assert "../runs?job=orders" in parse(html).hrefs
+
+
+def test_job_page_snapshots_are_paginated(logged_in: TestClient, seeded: Seeded) -> None:
+    html = logged_in.get("/jobs/orders?limit=2&offset=2").text
+    rows = re.findall(r'<a href="../snapshots/(\d+)">', html)
+    assert [int(r) for r in rows] == [seeded.completed_id, seeded.older_completed_id]
+    assert "3-4 of 4 snapshots" in html
+    assert "?offset=0&amp;limit=2" in html and ">next<" not in html
+
+
+def test_a_job_without_completed_snapshots_says_so_instead_of_a_chart(
+    logged_in: TestClient,
+) -> None:
+    html = logged_in.get("/jobs/payments").text
+    assert "No completed snapshot yet" in html and "<svg" not in html
+    assert "No snapshots on this page." in html
+
+
+def test_a_job_name_with_a_slash_has_a_working_page(logged_in: TestClient, seeded: Seeded) -> None:
+    with Catalog.open(seeded.url) as cat:
+        cat.register_job("team/a <b>", max_parallelism=128)
+    overview = logged_in.get("/").text
+    assert "jobs/team%2Fa%20%3Cb%3E" in parse(overview).hrefs
+    html = logged_in.get("/jobs/team%2Fa%20%3Cb%3E").text
+    assert "<h1>Job team/a &lt;b&gt;</h1>" in html
+
+
+# --- a snapshot ---
+
+
+def test_snapshot_page_has_files_and_a_skew_histogram(
+    logged_in: TestClient, seeded: Seeded
+) -> None:
+    response = logged_in.get(f"/snapshots/{seeded.completed_id}")
+    assert response.status_code == 200
+    html = response.text
+    self_contained(html)
+    assert "orders checkpoint 2" in html
+    assert "../jobs/orders" in parse(html).hrefs
+    # 127 key groups of 10 rows and key group 7 of 100: max / mean = 100 / (1370 / 128).
+    assert f'<span class="figure skew">{100 / (1370 / 128):.2f}</span>' in html
+    assert "skew-chart-0" in parse(html).ids
+    # 128 key groups fit: one bar each, and the hot one is the tall one.
+    bars = re.findall(r'<rect class="bar"[^>]*height="([\d.]+)"[^>]*><title>key group (\d+):', html)
+    assert len(bars) == 128
+    tallest = max(bars, key=lambda bar: float(bar[0]))
+    assert tallest[1] == "7"
+    assert 'class="mean"' in html
+    # The three files, shared and exclusive, with their key-group ranges.
+    assert "file:///ckpt/orders/chk-2/op-0.parquet" in html
+    assert "file:///ckpt/orders/shared/base.sst" in html
+    assert "<td>shared</td>" in html and '<td class="num">64-127</td>' in html
+    assert "3 files of 6.3 KiB (1 shared, 500 B); 3 references" in html
+
+
+def test_snapshot_files_are_paginated(logged_in: TestClient, seeded: Seeded) -> None:
+    first = logged_in.get(f"/snapshots/{seeded.completed_id}?limit=2").text
+    second = logged_in.get(f"/snapshots/{seeded.completed_id}?limit=2&offset=2").text
+    paths = re.compile(r'<td class="path">([^<]+)</td>')
+    assert len(paths.findall(first)) == 2 and len(paths.findall(second)) == 1
+    assert set(paths.findall(first)).isdisjoint(paths.findall(second))
+    assert "1-2 of 3 file references" in first and "?offset=2&amp;limit=2" in first
+
+
+def test_a_wide_key_group_axis_is_binned_and_keeps_the_hot_key_group(
+    logged_in: TestClient, seeded: Seeded
+) -> None:
+    with Catalog.open(seeded.url) as cat:
+        cat.register_job("wide", max_parallelism=4096)
+        snap = cat.begin_snapshot("wide", location="file:///ckpt/wide/chk-1", parallelism=4)
+        cat.attach_files(snap.id, [FileRef(path="file:///ckpt/wide/chk-1/a", size=1, operator="w")])
+        cat.record_key_group_stats(
+            snap.id,
+            [KeyGroupStatRow("w", kg, rows=5000 if kg == 4001 else 1) for kg in range(4096)],
+        )
+        done = cat.complete_snapshot(snap.id, snap.version)
+    html = logged_in.get(f"/snapshots/{done.id}").text
+    bars = re.findall(
+        r'height="([\d.]+)"[^>]*><title>key groups (\d+)-(\d+) \(busiest\): ([\d,]+)', html
+    )
+    assert len(bars) == 256
+    hot = max(bars, key=lambda bar: float(bar[0]))
+    assert int(hot[1]) <= 4001 <= int(hot[2]) and hot[3] == "5,000"
+
+
+# --- maintenance history ---
+
+
+def test_runs_page_shows_the_maintenance_history(logged_in: TestClient, seeded: Seeded) -> None:
+    html = logged_in.get("/runs").text
+    self_contained(html)
+    assert "3-3" not in html and "1-3 of 3 runs" in html
+    for cell in ("compaction-1", "orphans-1", "ttl-9", "ttl_cleanup", "orphan_cleanup"):
+        assert f"<td>{cell}</td>" in html
+    assert "statekeeper_ttl_cleanup" in html and "scheduled__2025-01-01T00:00:00+00:00" in html
+    assert "executor lost &lt;heartbeat&gt;" in html  # the error, escaped
+    assert "status-FAILED" in html and "status-SUCCEEDED" in html and "status-RUNNING" in html
+    assert '<td class="num" title="1280">1,280</td>' in html  # rows in/out of the compaction
+    assert "running" in html  # orphans-1 has no duration yet
+    assert f"snapshots/{seeded.completed_id}" in parse(html).hrefs  # compaction's output
+
+
+def test_runs_page_filters_by_job_kind_and_status(logged_in: TestClient) -> None:
+    orders = logged_in.get("/runs?job=orders").text
+    assert "Maintenance runs of job orders" in orders
+    assert "compaction-1" in orders and "ttl-9" in orders and "orphans-1" not in orders
+    assert '<option value="orders" selected>' in orders
+
+    failed = logged_in.get("/runs?job=orders&status=FAILED").text
+    assert "ttl-9" in failed and "compaction-1" not in failed
+
+    # The form sends empty strings for "all".
+    everything = logged_in.get("/runs?job=&kind=&status=").text
+    assert "1-3 of 3 runs" in everything
+
+    kind = logged_in.get("/runs?kind=orphan_cleanup&limit=1").text
+    assert "orphans-1" in kind and "compaction-1" not in kind
+
+
+# --- unknown things ---
+
+
+@pytest.mark.parametrize(
+    ("path", "named", "root"),
+    [
+        ("/jobs/nope", "'nope'", "../"),
+        ("/snapshots/9999", "9999", "../"),
+        ("/runs?job=nope", "'nope'", ""),
+    ],
+)
+def test_unknown_job_or_snapshot_is_a_readable_404_page(
+    logged_in: TestClient, path: str, named: str, root: str
+) -> None:
+    response = logged_in.get(path)
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("text/html")
+    html = response.text
+    assert "<title>Statekeeper: not found</title>" in html
+    assert named.replace("'", "&#x27;") in html
+    # Its links lead back into the app from where the request was.
+    hrefs = parse(html).hrefs
+    assert urljoin(f"http://x/statekeeper{path}", hrefs[0]) == "http://x/statekeeper/"
+    assert f"{root}runs" in hrefs
+    self_contained(html)
+
+
+def test_the_api_keeps_json_404s(logged_in: TestClient, make_token: Callable[..., str]) -> None:
+    response = logged_in.get("/api/jobs/nope", headers={"Authorization": f"Bearer {make_token()}"})
+    assert response.status_code == 404
+    assert "'nope'" in response.json()["detail"]

@@ -1,0 +1,277 @@
+"""Snapshot files with SharedStateRegistry semantics, and the bulk registration path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import event, func, select
+
+from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+from state_engine.catalog.models import RETAINED_STATUSES, File, Snapshot, SnapshotFile
+from state_engine.errors import FileAlreadyRegistered, InvalidCatalogInput
+
+
+def _snapshot(catalog: Catalog, job: str = "orders", max_parallelism: int = 128) -> int:
+    catalog.register_job(job, max_parallelism=max_parallelism)
+    return catalog.begin_snapshot(job, location=f"file:///{job}", parallelism=4).id
+
+
+def _paths(files: list) -> set[str]:
+    return {f.path for f in files}
+
+
+def test_a_shared_file_records_its_creator_and_last_user(catalog: Catalog) -> None:
+    first = _snapshot(catalog)
+    sst = FileRef("/orders/shared/1.sst", 500, checksum="c1", shared=True, operator="agg")
+    catalog.attach_files(first, [sst, FileRef("/orders/chk-1/MANIFEST", 10, operator="agg")])
+    catalog.complete_snapshot(first, 0)
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    catalog.attach_files(second, [sst])
+    files = {f.path: f for f in catalog.snapshot_files(second)}
+    assert files["/orders/shared/1.sst"].created_by_snapshot_id == first
+    assert files["/orders/shared/1.sst"].last_used_snapshot_id == second
+    assert _paths(catalog.snapshot_files(first)) == {
+        "/orders/shared/1.sst",
+        "/orders/chk-1/MANIFEST",
+    }
+
+
+def test_releasable_files_follow_retained_snapshots(catalog: Catalog) -> None:
+    first = _snapshot(catalog)
+    sst = FileRef("/o/shared/1.sst", 500, shared=True, operator="agg")
+    catalog.attach_files(first, [sst, FileRef("/o/chk-1/own", 10, operator="agg")])
+    catalog.complete_snapshot(first, 0)
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    catalog.attach_files(second, [sst, FileRef("/o/chk-2/own", 10, operator="agg")])
+    assert catalog.releasable_files("orders") == []  # a PENDING snapshot pins its files too
+    catalog.complete_snapshot(second, 0)
+    catalog.subsume_snapshot(first)
+    assert _paths(catalog.releasable_files("orders")) == {"/o/chk-1/own"}
+    assert "/o/shared/1.sst" in catalog.live_paths("orders")
+    catalog.subsume_snapshot(second)
+    assert _paths(catalog.releasable_files("orders")) == {
+        "/o/chk-1/own",
+        "/o/chk-2/own",
+        "/o/shared/1.sst",
+    }
+    assert _paths(catalog.orphan_candidates("orders")) == _paths(catalog.releasable_files("orders"))
+    assert catalog.live_paths("orders") == set()
+
+
+def test_an_exclusive_file_of_another_snapshot_is_refused_and_nothing_is_kept(
+    catalog: Catalog,
+) -> None:
+    first = _snapshot(catalog)
+    catalog.attach_files(first, [FileRef("/o/chk-1/data", 10, operator="agg")])
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    with pytest.raises(FileAlreadyRegistered, match=f"already registered by snapshot {first}"):
+        catalog.attach_files(
+            second,
+            [FileRef("/o/chk-2/new", 5, operator="other"), FileRef("/o/chk-1/data", 10)],
+        )
+    assert catalog.snapshot_files(second) == []
+    assert "/o/chk-2/new" not in catalog.known_paths("orders")
+    assert [o.uid for o in catalog.list_operators("orders")] == ["agg"]
+
+
+def test_a_reused_name_with_other_content_is_refused(catalog: Catalog) -> None:
+    first = _snapshot(catalog)
+    catalog.attach_files(first, [FileRef("/o/shared/x", 10, checksum="a", shared=True)])
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    with pytest.raises(FileAlreadyRegistered, match="never reused"):
+        catalog.attach_files(second, [FileRef("/o/shared/x", 11, checksum="b", shared=True)])
+
+
+def test_bad_file_references_are_refused(catalog: Catalog) -> None:
+    sid = _snapshot(catalog)
+    with pytest.raises(InvalidCatalogInput, match="key_group_end"):
+        catalog.attach_files(sid, [FileRef("/f", 1, key_group_start=10, key_group_end=128)])
+    with pytest.raises(InvalidCatalogInput, match="size"):
+        catalog.attach_files(sid, [FileRef("/f", -1)])
+    with pytest.raises(InvalidCatalogInput, match="subtask"):
+        catalog.attach_files(sid, [FileRef("/f", 1, subtask=4)])
+    with pytest.raises(InvalidCatalogInput, match="listed twice"):
+        catalog.attach_files(sid, [FileRef("/f", 1), FileRef("/f", 2)])
+    assert catalog.snapshot_files(sid) == []
+
+
+def test_a_file_read_by_several_subtasks_is_one_file_with_several_ranges(
+    catalog: Catalog,
+) -> None:
+    sid = _snapshot(catalog)
+    catalog.attach_files(
+        sid,
+        [
+            FileRef(
+                "/o/part-0.parquet",
+                1000,
+                operator="agg",
+                subtask=0,
+                key_group_start=0,
+                key_group_end=31,
+                details={"row_groups": [0, 1]},
+            ),
+            FileRef(
+                "/o/part-0.parquet",
+                1000,
+                operator="agg",
+                subtask=1,
+                key_group_start=32,
+                key_group_end=63,
+                details={"row_groups": [2]},
+            ),
+        ],
+    )
+    done = catalog.complete_snapshot(sid, 0)
+    assert done.bytes == 1000
+    refs = catalog.snapshot_files(sid)
+    assert [(r.subtask, r.key_group_start, r.key_group_end) for r in refs] == [
+        (0, 0, 31),
+        (1, 32, 63),
+    ]
+    [size] = catalog.state_size_history("orders")
+    assert (size.operator, size.files, size.bytes) == ("agg", 1, 1000)
+
+
+@contextmanager
+def _count_statements(catalog: Catalog) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        seen.append(statement)
+
+    event.listen(catalog.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(catalog.engine, "before_cursor_execute", record)
+
+
+def test_ten_thousand_files_and_all_key_group_stats_take_a_handful_of_statements(
+    catalog: Catalog,
+) -> None:
+    sid = _snapshot(catalog, max_parallelism=32768)
+    files = [
+        FileRef(
+            f"/big/chk-1/{i:05d}.sst",
+            1000 + i,
+            shared=i % 2 == 0,
+            operator=f"op{i % 3}",
+            subtask=i % 4,
+            key_group_start=(i % 4) * 8192,
+            key_group_end=(i % 4) * 8192 + 8191,
+        )
+        for i in range(10_000)
+    ]
+    stats = [KeyGroupStatRow("op0", kg, rows=kg % 97, bytes=kg) for kg in range(32_768)]
+    with _count_statements(catalog) as statements:
+        assert catalog.attach_files(sid, files) == 10_000
+        assert catalog.record_key_group_stats(sid, stats) == 32_768
+    # Batched multi-row inserts and IN lists: tens of statements, where per-row would be 42,768.
+    assert len(statements) < 60, len(statements)
+    done = catalog.complete_snapshot(sid, 0)
+    assert done.bytes == sum(f.size for f in files)
+    assert done.entries == sum(s.rows for s in stats)
+    assert len(catalog.snapshot_files(sid)) == 10_000
+    [skew] = catalog.key_group_skew(sid)
+    assert (skew.key_groups, skew.max_rows) == (32_768, 96)
+
+
+# --- the reference count behind orphan detection, against its definition ---
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("begin"), st.lists(st.integers(0, 7), max_size=4)),
+        st.tuples(st.sampled_from(["complete", "fail", "subsume", "discard"]), st.integers(0, 9)),
+    ),
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(steps=STEPS)
+def test_releasable_files_are_exactly_those_no_retained_snapshot_uses(
+    catalog: Catalog, steps: list
+) -> None:
+    job = f"prop-{id(steps)}-{len(catalog.list_jobs())}"
+    catalog.register_job(job, max_parallelism=128)
+    snapshots: list[int] = []
+    for action, arg in steps:
+        try:
+            if action == "begin":
+                snap = catalog.begin_snapshot(job, location="file:///p", parallelism=1)
+                shared = [FileRef(f"/{job}/shared/{n}", 1, shared=True) for n in sorted(set(arg))]
+                catalog.attach_files(snap.id, [*shared, FileRef(f"/{job}/own/{snap.id}", 1)])
+                snapshots.append(snap.id)
+            elif snapshots:
+                sid = snapshots[arg % len(snapshots)]
+                {
+                    "complete": lambda s: catalog.complete_snapshot(
+                        s, catalog.get_snapshot(s).version
+                    ),
+                    "fail": catalog.fail_snapshot,
+                    "subsume": catalog.subsume_snapshot,
+                    "discard": catalog.discard_snapshot,
+                }[action](sid)
+        except Exception as exc:  # refused transitions are part of the exploration
+            assert type(exc).__name__ in ("InvalidSnapshotTransition",), exc
+    with catalog._read() as s:
+        job_id = catalog.get_job(job).id
+        live = select(SnapshotFile.file_id).join(Snapshot, Snapshot.id == SnapshotFile.snapshot_id)
+        live = live.where(Snapshot.status.in_(RETAINED_STATUSES), Snapshot.job_id == job_id)
+        expected = set(
+            s.scalars(
+                select(File.path).where(
+                    File.job_id == job_id, File.id.not_in(live.scalar_subquery())
+                )
+            )
+        )
+        refs = dict(
+            s.execute(
+                select(File.path, func.count(func.distinct(SnapshotFile.snapshot_id)))
+                .join(SnapshotFile, SnapshotFile.file_id == File.id)
+                .join(Snapshot, Snapshot.id == SnapshotFile.snapshot_id)
+                .where(File.job_id == job_id, Snapshot.status.in_(RETAINED_STATUSES))
+                .group_by(File.path)
+            ).all()
+        )
+        counters = dict(
+            s.execute(select(File.path, File.live_refs).where(File.job_id == job_id)).all()
+        )
+    assert _paths(catalog.releasable_files(job)) == expected
+    assert {p: n for p, n in counters.items() if n} == refs
+
+
+def test_bulk_registered_files_store_timestamps_as_every_other_row_does(
+    catalog: Catalog,
+) -> None:
+    # The bulk path binds raw values; on SQLite a timestamp is text and must keep the one format
+    # (microseconds included even when zero) that makes text order chronological.
+    sid = _snapshot(catalog)
+    catalog.attach_files(sid, [FileRef("/o/chk-1/a", 1)])
+    with catalog.engine.connect() as conn:
+        file_stamp = conn.exec_driver_sql("SELECT created_at FROM sk_files").scalar_one()
+        snap_stamp = conn.exec_driver_sql("SELECT created_at FROM sk_snapshots").scalar_one()
+    assert file_stamp == snap_stamp
+    assert catalog.live_paths("orders") == {"/o/chk-1/a"}
+
+
+def test_new_files_get_fresh_ids_after_the_newest_was_forgotten(catalog: Catalog) -> None:
+    first = _snapshot(catalog)
+    catalog.attach_files(first, [FileRef(f"/o/chk-1/{i}", 1) for i in range(3)])
+    catalog.fail_snapshot(first)
+    token = catalog.acquire_lease("cleanup", "me", 60)
+    assert catalog.forget_files("orders", ["/o/chk-1/2"], lease="cleanup", token=token) == 1
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    catalog.attach_files(second, [FileRef(f"/o/chk-2/{i}", 1) for i in range(3)])
+    files = catalog.snapshot_files(second)
+    assert len({f.file_id for f in files}) == 3
+    assert {f.path for f in catalog.snapshot_files(first)} == {"/o/chk-1/0", "/o/chk-1/1"}

@@ -1,0 +1,141 @@
+"""The schema: models and migrations agree, migrations go up and down, versions are guarded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, text
+
+from state_engine.catalog import (
+    VERSION_TABLE,
+    Catalog,
+    current_revision,
+    downgrade,
+    head_revision,
+    parse_url,
+    upgrade,
+)
+from state_engine.catalog.models import Base
+from state_engine.errors import CatalogUnreachable, CatalogVersionMismatch
+
+VIEWS = {
+    "sk_v_latest_snapshots",
+    "sk_v_state_size",
+    "sk_v_snapshot_files",
+    "sk_v_orphan_candidates",
+    "sk_v_key_group_skew",
+    "sk_v_maintenance_history",
+}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database without any catalog schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sub' / 'catalog.db'}"
+    make: Callable[[], str] = request.getfixturevalue("make_pg_database")
+    return make()
+
+
+def test_models_and_migrations_agree(catalog_url: str) -> None:
+    engine = create_engine(parse_url(catalog_url))
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn, opts={"version_table": VERSION_TABLE, "compare_type": True}
+            )
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_from_base_to_head_and_back_down(empty_url: str) -> None:
+    assert current_revision(empty_url) is None
+    before, after = upgrade(empty_url)
+    assert (before, after) == (None, head_revision())
+    engine = create_engine(parse_url(empty_url))
+    try:
+        names = inspect(engine)
+        assert {"sk_jobs", "sk_snapshots", "sk_files", "sk_leases"} <= set(names.get_table_names())
+        assert set(names.get_view_names()) >= VIEWS
+        assert upgrade(empty_url) == (head_revision(), head_revision())  # a no-op at head
+        downgrade(empty_url)
+        assert current_revision(empty_url) is None
+        names = inspect(engine)
+        assert not [t for t in names.get_table_names() if t.startswith("sk_")]
+        assert not [v for v in names.get_view_names() if v.startswith("sk_")]
+        upgrade(empty_url)
+        assert current_revision(empty_url) == head_revision()
+    finally:
+        engine.dispose()
+
+
+def test_opening_a_catalog_that_was_never_migrated_names_the_upgrade(empty_url: str) -> None:
+    with pytest.raises(CatalogVersionMismatch, match="run `statectl catalog upgrade`"):
+        Catalog.open(empty_url)
+    if empty_url.startswith("sqlite"):
+        assert not Path(parse_url(empty_url).database or "").exists()  # asking created nothing
+
+
+def _stamp(url: str, revision: str | None) -> None:
+    engine = create_engine(parse_url(url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"DELETE FROM {VERSION_TABLE}"))
+            if revision is not None:
+                conn.execute(text(f"INSERT INTO {VERSION_TABLE} VALUES (:r)"), {"r": revision})
+    finally:
+        engine.dispose()
+
+
+def test_a_catalog_ahead_of_the_code_is_refused(catalog_url: str) -> None:
+    _stamp(catalog_url, "9999_from_the_future")
+    try:
+        with pytest.raises(CatalogVersionMismatch, match="older than the catalog; upgrade"):
+            Catalog.open(catalog_url)
+        with pytest.raises(CatalogVersionMismatch, match="9999_from_the_future"):
+            upgrade(catalog_url)
+    finally:
+        _stamp(catalog_url, head_revision())  # the PostgreSQL catalog is shared by the session
+    Catalog.open(catalog_url).close()
+
+
+def test_a_catalog_behind_the_code_is_refused(catalog_url: str) -> None:
+    _stamp(catalog_url, None)
+    try:
+        with pytest.raises(CatalogVersionMismatch, match="statectl catalog upgrade"):
+            Catalog.open(catalog_url)
+    finally:
+        _stamp(catalog_url, head_revision())
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["not a url", "sqlite//missing-colon", "mysql://u@h/db", "postgresql://u@h:notaport/db"],
+)
+def test_a_malformed_catalog_url_is_a_clear_error(url: str) -> None:
+    with pytest.raises(CatalogUnreachable, match="catalog"):
+        Catalog.open(url)
+
+
+def test_an_unreachable_catalog_is_a_clear_error() -> None:
+    with pytest.raises(CatalogUnreachable, match="cannot connect"):
+        Catalog.open("postgresql://postgres@127.0.0.1:1/nothing")
+
+
+def test_postgresql_urls_use_psycopg() -> None:
+    assert parse_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert parse_url("postgres://u@h/db").drivername == "postgresql+psycopg"
+
+
+def test_sqlite_runs_in_wal_mode_with_foreign_keys(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    upgrade(url)
+    with Catalog.open(url) as cat, cat.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000

@@ -1,0 +1,336 @@
+"""The deleting jobs racing others, on SQLite and PostgreSQL catalogs.
+
+(1) orphan cleanup while a real CheckpointManager commits a checkpoint, paused after its files
+are attached and, separately, after they are written but before they are attached;
+(2) orphan cleanup while an expire holds the job's file lease: it refuses, or waits;
+(3) a deleter whose lease expired (and was taken over) can no longer forget or delete.
+Threads meet through threading.Events set from the jobs' hooks; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deletiondata import (
+    JOB,
+    apply,
+    checkpoints,
+    close,
+    exists,
+    files_under,
+    make_subtasks,
+    manager,
+    observe,
+    plant,
+    referenced_urls,
+    restored_state,
+    set_age,
+)
+from sqlalchemy import create_engine, inspect, text
+
+from state_engine.catalog import Catalog, upgrade
+from state_engine.errors import (
+    DeletionLeaseHeld,
+    DeletionLeaseLost,
+    StaleFencingToken,
+)
+from state_engine.jobs import deletion, expire, orphan_cleanup
+from state_engine.jobs.deletion import LEASE_TTL_S, file_lease_name
+
+LEASE = file_lease_name(JOB)
+PG_HOST = os.environ.get("STATEKEEPER_TEST_PG", "postgres@127.0.0.1:5432")
+PG_ADMIN_DSN = f"postgresql://{PG_HOST}/postgres"
+WAIT = 60  # a bound on a hung test, never a synchronisation delay
+
+
+class Clock:
+    """The catalog's clock, moved by hand: lease expiry without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    try:
+        with psycopg.connect(PG_ADMIN_DSN, connect_timeout=3):
+            pass
+    except psycopg.Error as exc:
+        message = f"PostgreSQL at {PG_HOST} is unreachable ({exc}); start it to run these tests"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    name = f"sk_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://{PG_HOST}/{name}"
+    upgrade(url)
+    yield url
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def cat(request: pytest.FixtureRequest, catalog_url: str, clock: Clock) -> Iterator[Catalog]:
+    url = catalog_url
+    if request.param == "postgres":
+        url = request.getfixturevalue("pg_url")
+        engine = create_engine(url)
+        try:
+            with engine.begin() as conn:
+                tables = [t for t in inspect(conn).get_table_names() if t.startswith("sk_")]
+                conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+        finally:
+            engine.dispose()
+    with Catalog.open(url, clock=clock) as c:
+        yield c
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=body)
+    t.start()
+    return t, out
+
+
+def hook_for(kind: str, fn: Callable[[], None]) -> Callable[[str, str], None]:
+    def hook(k: str, job: str) -> None:
+        if k == kind:
+            fn()
+
+    return hook
+
+
+def age_everything(storage) -> None:
+    for url in files_under(storage):
+        set_age(url, 30)  # no file is protected by being young
+
+
+def pause_attach(monkeypatch, catalog: Catalog, *, before: bool) -> tuple[Any, Any]:
+    """Pause the next attach_files of the manager's catalog before or after it runs."""
+    reached, resume = threading.Event(), threading.Event()
+    real = catalog.attach_files
+
+    def attach(snapshot_id: int, files: Any) -> int:
+        if before:
+            reached.set()
+            assert resume.wait(WAIT)
+        n = real(snapshot_id, files)
+        if not before:
+            reached.set()
+            assert resume.wait(WAIT)
+        return n
+
+    monkeypatch.setattr(catalog, "attach_files", attach)
+    return reached, resume
+
+
+# --- (1) orphan cleanup during a checkpoint commit ---
+
+
+@pytest.mark.parametrize("attached", [True, False], ids=["attached", "written-not-attached"])
+def test_orphan_cleanup_during_a_commit_never_deletes_the_checkpoint(
+    cat, storage, tmp_path: Path, monkeypatch, attached: bool
+):
+    subtasks = make_subtasks("rocksdb", tmp_path / "db")
+    with manager(cat, storage, "native") as m:
+        checkpoints(m, subtasks, 1)  # the next one is incremental: new SSTs go to shared/
+        orphan = plant(storage, f"{JOB}/chk-77/keyed-0-dead.parquet")
+        apply(subtasks, 7)
+        expected = observe(subtasks)
+        reached, resume = pause_attach(monkeypatch, cat, before=not attached)
+        pending = m.trigger(subtasks)
+        try:
+            assert reached.wait(WAIT)
+            age_everything(storage)
+            report = orphan_cleanup.run(None, cat, job=JOB, older_than=0)
+        finally:
+            resume.set()
+        record = pending.result(WAIT)
+        assert record.status == "COMPLETED"
+        files = cat.snapshot_files(record.id)
+        assert files and all(exists(f.path) for f in files)
+        assert restored_state(m, record.id, tmp_path) == expected
+    close(subtasks)
+    stats = report["stats"]
+    assert not exists(orphan) and stats["deleted"]["items"] == [orphan]
+    assert stats["pending_snapshots"] == [record.id]
+    own = [f for f in files if f.created_by_snapshot_id == record.id]
+    in_dir = [f for f in own if f.path.startswith(record.location.rstrip("/") + "/")]
+    new_shared = [f for f in own if "/shared/" in f.path]
+    assert in_dir and new_shared  # so both protections below were needed
+    if attached:
+        # attached: the catalog knows the files; nothing needed the PENDING rules
+        assert stats["kept_pending"] == 0 and stats["deferred_shared"] == 0
+    else:
+        # written, not attached: kept only by the PENDING directory and the in-flight shared rule
+        not_metadata = [f for f in in_dir if not f.path.endswith("/_metadata")]
+        assert stats["kept_pending"] == len(not_metadata)
+        assert stats["deferred_shared"] == len(new_shared)
+
+
+def test_cleanup_after_the_commit_deletes_what_the_checkpoint_left(cat, storage, tmp_path):
+    """The deferred shared files are not kept forever: once nothing is PENDING they are judged."""
+    subtasks = make_subtasks("rocksdb", tmp_path / "db")
+    with manager(cat, storage, "native") as m:
+        records, _ = checkpoints(m, subtasks, 2)
+    close(subtasks)
+    stray = plant(storage, f"{JOB}/shared/sst-00000000-3-000099.sst")
+    age_everything(storage)
+    report = orphan_cleanup.run(None, cat, job=JOB, older_than=0)
+    assert report["stats"]["deleted"]["items"] == [stray]
+    assert all(exists(u) for u in referenced_urls(cat, [r.id for r in records]))
+
+
+# --- (2) orphan cleanup during an expire ---
+
+
+def test_orphan_cleanup_during_an_expire_refuses_or_waits(cat, storage, tmp_path, monkeypatch):
+    subtasks = make_subtasks("heap", tmp_path / "db")
+    with manager(cat, storage, "delta") as m:
+        records, states = checkpoints(m, subtasks, 3)
+        orphans = [plant(storage, f"{JOB}/chk-90/f{i}") for i in range(3)]
+        age_everything(storage)
+        latest_files = referenced_urls(cat, [records[-1].id])
+
+        holding, release, b_waiting = threading.Event(), threading.Event(), threading.Event()
+
+        def hold() -> None:
+            holding.set()
+            assert release.wait(WAIT)
+
+        monkeypatch.setattr(deletion.hooks, "after_plan", hook_for("expire", hold))
+        monkeypatch.setattr(
+            deletion.hooks, "on_lease_wait", hook_for("orphan_cleanup", b_waiting.set)
+        )
+        a, a_out = in_thread(lambda: expire.run(None, cat, job=JOB, retain_last=1))
+        try:
+            assert holding.wait(WAIT)
+            holder = cat.get_lease(LEASE)
+            assert holder.owner.startswith("expire:")
+            with pytest.raises(DeletionLeaseHeld, match="held by 'expire:"):
+                orphan_cleanup.run(None, cat, job=JOB, older_than=0, run_id="refused")
+            assert cat.get_run("refused").status == "FAILED"
+            assert all(exists(u) for u in orphans)
+            # the job's own manager takes the same lease: it does not delete meanwhile
+            assert m.collect_garbage() == []
+            b, b_out = in_thread(lambda: orphan_cleanup.run(None, cat, job=JOB, older_than=0,
+                                                             wait=WAIT))  # fmt: skip
+            assert b_waiting.wait(WAIT)
+        finally:
+            release.set()
+        a.join(WAIT)
+        b.join(WAIT)
+        assert "error" not in a_out and "error" not in b_out, (a_out, b_out)
+        assert a_out["result"]["stats"]["snapshots_expired"] == 2
+        b_stats = b_out["result"]["stats"]
+        assert b_stats["lease_waited"] is True
+        assert b_stats["lease_token"] > a_out["result"]["stats"]["lease_token"]
+        assert set(b_stats["deleted"]["items"]) == set(orphans)
+        assert all(exists(u) for u in latest_files)
+        assert restored_state(m, records[-1].id, tmp_path) == states[-1]
+        assert cat.get_lease(LEASE).released_at is not None
+    close(subtasks)
+
+
+def test_a_waiting_deleter_gives_up_after_its_wait(cat, storage, tmp_path, monkeypatch):
+    subtasks = make_subtasks("heap", tmp_path / "db")
+    with manager(cat, storage) as m:
+        checkpoints(m, subtasks, 2)
+    close(subtasks)
+    cat.acquire_lease(LEASE, "someone-else", 300)
+    before = files_under(storage)
+    waits = []
+    monkeypatch.setattr(deletion.hooks, "on_lease_wait", lambda k, j: waits.append(k))
+    monkeypatch.setattr(deletion, "POLL_S", 0.001)
+    with pytest.raises(deletion.DeletionLeaseTimeout, match="still held by 'someone-else'"):
+        expire.run(None, cat, job=JOB, retain_last=1, wait=0.01, run_id="gave-up")
+    assert waits and files_under(storage) == before
+    assert cat.get_run("gave-up").status == "FAILED"
+
+
+# --- (3) a stale fencing token cannot delete ---
+
+
+@pytest.mark.parametrize("how", ["taken-over", "expired"])
+def test_a_deleter_that_lost_its_lease_deletes_nothing(
+    cat, clock, storage, tmp_path, monkeypatch, how
+):
+    subtasks = make_subtasks("heap", tmp_path / "db")
+    with manager(cat, storage) as m:
+        records, _ = checkpoints(m, subtasks, 3)
+    close(subtasks)
+    old_files = referenced_urls(cat, [r.id for r in records[:2]])
+    before = files_under(storage)
+    seen: dict[str, int] = {}
+
+    def lose_lease() -> None:
+        seen["token"] = cat.get_lease(LEASE).token
+        clock.advance(LEASE_TTL_S + 1)  # the lease ran out without a renewal
+        if how == "taken-over":
+            seen["intruder"] = cat.acquire_lease(LEASE, "intruder", 600)
+
+    point = "before_forget" if how == "taken-over" else "after_plan"
+    monkeypatch.setattr(deletion.hooks, point, hook_for("expire", lose_lease))
+    error = StaleFencingToken if how == "taken-over" else DeletionLeaseLost
+    with pytest.raises(error):
+        expire.run(None, cat, job=JOB, retain_last=1, run_id="stale")
+    assert cat.get_run("stale").status == "FAILED"
+    assert files_under(storage) == before and all(exists(u) for u in old_files)
+    if how == "taken-over":
+        # refused inside forget_files: the catalog still lists the files for a later deleter
+        assert {f.path for f in cat.releasable_files(JOB)} == old_files
+        with pytest.raises(StaleFencingToken):
+            cat.forget_files(JOB, sorted(old_files), lease=LEASE, token=seen["token"])
+        lease = cat.get_lease(LEASE)  # the stale holder's exit did not release the new holder
+        assert (lease.owner, lease.token, lease.released_at) == ("intruder", seen["intruder"], None)
+        cat.release_lease(LEASE, seen["intruder"])
+    else:
+        # stopped before it changed anything
+        assert all(cat.get_snapshot(r.id).status == "COMPLETED" for r in records)
+    monkeypatch.setattr(deletion.hooks, point, None)
+    report = expire.run(None, cat, job=JOB, retain_last=1, run_id="stale")
+    assert report["attempt"] == 2 and set(report["stats"]["deleted"]["items"]) >= old_files
+    assert not any(exists(u) for u in old_files)
+
+
+def test_files_that_vanished_do_not_stop_an_expire(cat, storage, tmp_path):
+    subtasks = make_subtasks("heap", tmp_path / "db")
+    with manager(cat, storage) as m:
+        records, _ = checkpoints(m, subtasks, 2)
+    close(subtasks)
+    gone = referenced_urls(cat, [records[0].id])
+    shutil.rmtree(tmp_path / "checkpoints" / JOB / "chk-1")  # someone removed them by hand
+    report = expire.run(None, cat, job=JOB, retain_last=1)
+    stats = report["stats"]
+    assert stats["snapshots_expired"] == 1 and stats["files_deleted"] == 0
+    assert stats["files_already_gone"] == len(gone) > 0
+    assert not {f.path for f in cat.releasable_files(JOB)} & gone
+    assert cat.get_lease(LEASE).released_at is not None

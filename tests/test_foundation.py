@@ -1,0 +1,38 @@
+"""The install gives the full pyspark at the pinned version, and it runs a local session."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pinned(distribution: str) -> str:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        match = re.fullmatch(rf"{re.escape(distribution)}==([\w.]+)", dep)
+        if match:
+            return match.group(1)
+    raise AssertionError(f"{distribution} is not pinned with == in pyproject.toml")
+
+
+@pytest.mark.spark
+def test_local_spark_session_runs_the_pinned_full_pyspark(spark) -> None:
+    import pyspark
+
+    assert pyspark.__version__ == pinned("pyspark")
+    assert spark.version == pinned("pyspark")
+    assert spark.sparkContext.master.startswith("local")
+    # A Python UDF round trip proves the workers run (pyspark-client alone could not do this).
+    rows = spark.range(10).rdd.map(lambda r: r.id * 2).sum()
+    assert rows == 90
+
+
+def test_required_top_level_folders_hold_something() -> None:
+    for folder in ("dags", "plugins", "state_engine", "migrations", "tests"):
+        path = ROOT / folder
+        assert path.is_dir(), f"{folder}/ is missing"

@@ -287,6 +287,14 @@ class MaintenanceJobFailed(MaintenanceError):
     """A maintenance job failed for a reason outside Statekeeper's own errors (Spark, I/O)."""
 
 
+class SparkTaskFailed(MaintenanceJobFailed):
+    """A Spark task of a maintenance job raised; the message names the task and its error.
+
+    Raised only once every task of the stage has ended, so nothing is still writing when the
+    job cleans up its output.
+    """
+
+
 class DeletionLeaseHeld(MaintenanceError, LeaseHeld):
     """A deleting job (expire, orphan cleanup) found the job's file lease held and may not wait."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,7 +36,7 @@ from state_engine.checkpoint.canonical import (
 )
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.storage import SnapshotDir
-from state_engine.errors import InvalidJobParams
+from state_engine.errors import InvalidJobParams, SparkTaskFailed
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 
 if TYPE_CHECKING:
@@ -174,6 +175,11 @@ def run_range_tasks(spark: SparkSession, tasks: Sequence[T], fn: Callable[[T], R
     """Run ``fn(task)`` for every task, one Spark task each; results in the order of ``tasks``.
 
     ``fn`` and the tasks travel pickled (cloudpickle); results come back pickled.
+
+    A task that raises does not fail its Spark task: it hands its error back like a result, so
+    the Spark job ends only when every task has ended. The first error is then raised as
+    :class:`SparkTaskFailed`; by that time no task is still writing, so the caller's cleanup
+    of the output cannot race a sibling task that is still creating files.
     """
     if not tasks:
         return []
@@ -182,7 +188,7 @@ def run_range_tasks(spark: SparkSession, tasks: Sequence[T], fn: Callable[[T], R
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             ids = batch.column(0).to_pylist()
-            results = [pickle.dumps(fn(payload[i]), protocol=5) for i in ids]
+            results = [pickle.dumps(_outcome(fn, payload[i]), protocol=5) for i in ids]
             yield pa.RecordBatch.from_arrays(
                 [pa.array(ids, pa.int64()), pa.array(results, pa.binary())],
                 names=["task", "result"],
@@ -191,7 +197,35 @@ def run_range_tasks(spark: SparkSession, tasks: Sequence[T], fn: Callable[[T], R
     n = len(payload)
     rows = spark.range(0, n, 1, n).mapInArrow(run, _RESULT_SCHEMA).collect()
     by_id = {int(r["task"]): pickle.loads(r["result"]) for r in rows}
-    return [by_id[i] for i in range(n)]
+    outcomes = [by_id[i] for i in range(n)]
+    failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, _TaskError)]
+    if failed:
+        i, err = failed[0]
+        more = f" (and {len(failed) - 1} more task(s))" if len(failed) > 1 else ""
+        error = SparkTaskFailed(f"task {i} of {n} ({_brief(payload[i])}) failed{more}: {err.line}")
+        error.add_note(f"the task's traceback:\n{err.traceback}")
+        raise error
+    return outcomes
+
+
+def _brief(task: object) -> str:
+    text = repr(task)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@dataclass(frozen=True)
+class _TaskError:
+    """A task's exception, carried back as text (exceptions need not be picklable)."""
+
+    line: str
+    traceback: str
+
+
+def _outcome(fn: Callable[[T], R], task: T) -> R | _TaskError:
+    try:
+        return fn(task)
+    except Exception as exc:
+        return _TaskError(f"{type(exc).__name__}: {exc}"[:2000], traceback.format_exc())
 
 
 def _partition_keys(spark: SparkSession, partitions: int) -> list[int] | None:

@@ -7,7 +7,7 @@ from jobdata import MAX_P, OP
 
 from state_engine.checkpoint.canonical import read_entries
 from state_engine.checkpoint.metadata import read_metadata, verify
-from state_engine.errors import InvalidJobParams
+from state_engine.errors import InvalidJobParams, SparkTaskFailed
 from state_engine.jobs.canonical_write import (
     TargetSpec,
     plan_write_ranges,
@@ -43,6 +43,29 @@ def test_plan_refuses_bad_parallelism():
 def test_run_range_tasks_returns_results_in_task_order(spark):
     assert run_range_tasks(spark, list(range(5)), lambda x: x * x) == [0, 1, 4, 9, 16]
     assert run_range_tasks(spark, [], lambda x: x) == []
+
+
+@pytest.mark.spark
+def test_a_failing_task_is_raised_only_after_its_siblings_stopped_writing(spark, tmp_path):
+    # Task 0 fails at once; task 1 is still writing when it does. The caller cleans up its
+    # output as soon as the error reaches it, so the error must not arrive before task 1 ends.
+    failed, late = tmp_path / "failed", tmp_path / "late"
+
+    def task(i: int) -> int:
+        if i == 0:
+            failed.touch()
+            raise OSError("disk full")
+        for _ in range(600_000):  # until task 0 has failed (bounded: ~a minute)
+            if failed.exists():
+                break
+        late.mkdir()
+        for n in range(2000):  # a sibling that keeps writing for a while after the failure
+            (late / f"part-{n}").write_bytes(b"x" * 512)
+        return i
+
+    with pytest.raises(SparkTaskFailed, match=r"task 0 of 2 \(0\) failed: OSError: disk full"):
+        run_range_tasks(spark, [0, 1], task)
+    assert len(list(late.iterdir())) == 2000
 
 
 @pytest.mark.spark

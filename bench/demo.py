@@ -3,7 +3,8 @@ and without, on each backend.
 
 Configurations, all at parallelism 2 over the same generated stream:
 
-- heap, checkpoints off / canonical (full Parquet) / delta (heap incremental);
+- heap, checkpoints off / canonical (full Parquet) / delta (heap incremental), the files written
+  by a forked child (the default) and, for comparison, on the checkpoint thread (``*_thread``);
 - RocksDB, checkpoints off / native incremental (SSTs uploaded once into shared/).
 
 A checkpointed run includes everything a job pays: the synchronous phase on the task thread, the
@@ -34,19 +35,21 @@ from state_engine.runtime import CollectedOutput, CollectSink, JobRunner
 EVERY = 10_000
 TARGET_RATIO = 0.8
 
-# name -> (backend, checkpoint format or None for off, incremental)
-CONFIGS: dict[str, tuple[str, str | None, bool]] = {
-    "heap_off": ("heap", None, False),
-    "heap_canonical": ("heap", "canonical", False),
-    "heap_delta": ("heap", "delta", True),
-    "rocksdb_off": ("rocksdb", None, False),
-    "rocksdb_native_incremental": ("rocksdb", "native", True),
+# name -> (backend, checkpoint format or None for off, incremental, files written by a fork)
+CONFIGS: dict[str, tuple[str, str | None, bool, bool]] = {
+    "heap_off": ("heap", None, False, True),
+    "heap_canonical": ("heap", "canonical", False, True),
+    "heap_delta": ("heap", "delta", True, True),
+    "heap_canonical_thread": ("heap", "canonical", False, False),
+    "heap_delta_thread": ("heap", "delta", True, False),
+    "rocksdb_off": ("rocksdb", None, False, True),
+    "rocksdb_native_incremental": ("rocksdb", "native", True, True),
 }
 BASELINE = {"heap": "heap_off", "rocksdb": "rocksdb_off"}
 
 
 def run_once(name: str, stream: dict[str, int], work: Path, run: int) -> dict[str, Any]:
-    backend, fmt, incremental = CONFIGS[name]
+    backend, fmt, incremental, fork_writer = CONFIGS[name]
     base = work / f"{name}-{run}"
     base.mkdir(parents=True)
     factory: Any = (
@@ -63,7 +66,7 @@ def run_once(name: str, stream: dict[str, int], work: Path, run: int) -> dict[st
         sink=CollectSink(CollectedOutput()),
         name=f"bench-{name}-{run}".replace("_", "-"),
         **stream,
-    )
+    ).with_(fork_writer=fork_writer)
     catalog = None
     kwargs: dict[str, Any] = {}
     if fmt is not None:
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     targets = []
     for name in names:
-        backend, fmt, _ = CONFIGS[name]
+        backend, fmt, _, _ = CONFIGS[name]
         if fmt is None or BASELINE[backend] not in best:
             continue
         ratio = best[name]["records_per_s"] / best[BASELINE[backend]]["records_per_s"]

@@ -55,6 +55,8 @@ class KeyedStateView(ABC):
 
     #: Increasing per backend; ``backend.confirm_view(view_id)`` once its snapshot completed.
     view_id: int = 0
+    #: Plain Python objects only: a forked child may read the view (see checkpoint/forked.py).
+    fork_safe: bool = False
 
     @abstractmethod
     def iter_entries(self, key_groups: KeyGroupRange | None = None) -> Iterator[StateEntry]:

@@ -894,6 +894,8 @@ class HeapStateView(KeyedStateView):
     sets of composite keys per slot); ``changed()`` reads their rows from the view's slots.
     """
 
+    fork_safe = True
+
     def __init__(
         self,
         backend: HeapKeyedStateBackend,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,7 +260,8 @@ class CanonicalWriter:
 
     ``directory`` is where the files go, relative to the snapshot (``""`` or e.g.
     ``"../shared"`` for a checkpoint). Use as a context manager, or call :meth:`finish`
-    (success) or :meth:`abort` (removes every file written so far).
+    (success) or :meth:`abort` (removes every file written so far). ``on_open(path)`` is called
+    before each file is created (a writer in another process reports its files this way).
     """
 
     schema: pa.Schema = KEYED_SCHEMA
@@ -281,6 +282,7 @@ class CanonicalWriter:
         compression: str = DEFAULT_COMPRESSION,
         compression_level: int | None = DEFAULT_COMPRESSION_LEVEL,
         chain_index: int | None = None,
+        on_open: Callable[[str], None] | None = None,
     ) -> None:
         first, last = key_group_range if key_group_range is not None else (0, max_parallelism - 1)
         if not (0 <= first <= last < max_parallelism):
@@ -306,6 +308,7 @@ class CanonicalWriter:
         self._compression = compression
         self._compression_level = None if compression == "none" else compression_level
         self._chain_index = chain_index
+        self._on_open = on_open
         n_kg = last - first + 1
         self._kg_rows = np.zeros(n_kg, dtype=np.int64)
         self._kg_bytes = np.zeros(n_kg, dtype=np.int64)
@@ -465,6 +468,8 @@ class CanonicalWriter:
     def _open_file(self) -> None:
         name = self._snap.new_file_name(self._prefix, ".parquet")
         path = f"{self._directory}/{name}" if self._directory else name
+        if self._on_open is not None:
+            self._on_open(path)
         self._sink = self._snap.create(path)
         self._stream = pa.BufferedOutputStream(
             pa.PythonFile(_SinkWrites(self._sink), mode="w"), buffer_size=WRITE_BUFFER_BYTES
@@ -705,8 +710,11 @@ def write_operator_state(
     *,
     subtask: int | None = None,
     directory: str = "",
+    on_open: Callable[[str], None] | None = None,
 ) -> SnapshotFile:
-    """Write operator-state rows ``(state, mode, subtask, index, value)`` as one Parquet file."""
+    """Write operator-state rows ``(state, mode, subtask, index, value)`` as one Parquet file.
+
+    ``on_open(path)`` is called before the file is created (see :class:`CanonicalWriter`)."""
     rows = list(rows)
     where = snapshot.url
     bad_width = [r for r in rows if len(r) != len(OPERATOR_SCHEMA)]
@@ -739,6 +747,8 @@ def write_operator_state(
         write_page_checksum=True,
     )
     data = buf.getvalue()
+    if on_open is not None:
+        on_open(path)
     info = snapshot.write_file(path, lambda sink: sink.write(data))
     return SnapshotFile(
         path=info.path,

@@ -13,11 +13,12 @@ cancelled checkpoint are carried into the next delta.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import KeyedStateBackend, KeyedStateView
+from state_engine.checkpoint.canonical import WrittenFiles
 from state_engine.checkpoint.delta import CLEAR, PUT, DeltaWriter
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.strategies import (
@@ -61,37 +62,47 @@ class DeltaCapture(Capture):
         self.view_id: int = view.view_id  # type: ignore[attr-defined]
         self.states = {n: m.to_dict() for n, m in view.states.items()}
 
-    def write(self, ctx: WriteContext) -> SubtaskResult:
-        shared = SHARED_PREFIX.rstrip("/")
-        if self.chain is not None and any(
-            ctx.registry.lookup(f.path) is None for f in self.chain.files
-        ):
+    @property
+    def forkable(self) -> bool:  # type: ignore[override]
+        return self.view.fork_safe
+
+    def prepare(self, ctx: WriteContext) -> None:
+        if not self.still_valid(ctx):
             # the chain's files were released meanwhile (its checkpoint was subsumed before this
             # one started writing): the view still holds the full state, so write a new base
             self.chain = None
+
+    def still_valid(self, ctx: WriteContext) -> bool:
+        return self.chain is None or all(
+            ctx.registry.lookup(f.path) is not None for f in self.chain.files
+        )
+
+    def write_files(self, ctx: WriteContext, opened: Callable[[str], None]) -> WrittenFiles:
+        shared = SHARED_PREFIX.rstrip("/")
         if self.chain is None:
-            writer = self._writer(ctx, shared)
-            with writer:
+            with self._writer(ctx, shared, on_open=opened) as writer:
                 writer.write(ctx.guarded(self.view.iter_entries()))
-            written = writer.finish()
+            return writer.finish()
+        with DeltaWriter(
+            ctx.snapshot,
+            chain_index=len(self.chain.deltas) + 1,
+            subtask=self.subtask_index,
+            max_parallelism=self.max_parallelism,
+            key_group_range=self.key_group_range,
+            directory=shared,
+            row_group_bytes=ctx.row_group_bytes,
+            on_open=opened,
+        ) as delta:
+            delta.write(ctx.guarded(_delta_rows(self.view)))
+        return delta.finish()
+
+    def result(self, ctx: WriteContext, written: WrittenFiles) -> SubtaskResult:
+        chain = self.chain
+        if chain is None:
             new = Chain(id(self.backend), written.files, ())
         else:
-            index = len(self.chain.deltas) + 1
-            writer = DeltaWriter(
-                ctx.snapshot,
-                chain_index=index,
-                subtask=self.subtask_index,
-                max_parallelism=self.max_parallelism,
-                key_group_range=self.key_group_range,
-                directory=shared,
-                row_group_bytes=ctx.row_group_bytes,
-            )
-            with writer:
-                writer.write(ctx.guarded(_delta_rows(self.view)))
-            written = writer.finish()
-            deltas = self.chain.deltas + ((written.files,) if written.files else ())
-            new = Chain(self.chain.backend_id, self.chain.base, deltas)
-        ctx.created.extend(written.paths)
+            deltas = chain.deltas + ((written.files,) if written.files else ())
+            new = Chain(chain.backend_id, chain.base, deltas)
         crash_point("checkpoint.delta.after_write")
         result = SubtaskResult(
             self.operator_uid,

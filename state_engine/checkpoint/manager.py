@@ -19,7 +19,7 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,7 @@ from state_engine.checkpoint.canonical import (
     KeyGroupStats,
     write_operator_state,
 )
+from state_engine.checkpoint.forked import ForkedWrite, SnapshotWriterDied, can_fork
 from state_engine.checkpoint.metadata import (
     METADATA_FILE,
     OperatorSnapshot,
@@ -118,6 +119,8 @@ class _Job:
     stats: SnapshotStats = field(default_factory=SnapshotStats)
     committed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the forked child writing the files (heap views on local storage), started at the barrier
+    child: ForkedWrite[Any] | None = None
 
 
 class PendingSnapshot:
@@ -168,6 +171,10 @@ class CheckpointManager:
     SSTs are uploaded once into ``shared/``; heap backends are written canonical), ``delta``
     (heap incremental: deltas on a canonical base, a new base every ``full_every`` deltas;
     RocksDB backends are written canonical).
+
+    ``fork_writer``: heap snapshots on local storage are written by a child process forked at the
+    barrier (see :mod:`state_engine.checkpoint.forked`), so the job keeps its core and copies no
+    state on write; False writes them on the checkpoint thread from a copy-on-write view.
     """
 
     def __init__(
@@ -184,6 +191,7 @@ class CheckpointManager:
         full_every: int = 8,
         row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
         verify_checksums: bool = False,
+        fork_writer: bool = True,
     ) -> None:
         if format not in FORMATS:
             raise InvalidSnapshotRequest(
@@ -207,6 +215,7 @@ class CheckpointManager:
         self.full_every = full_every
         self.row_group_bytes = row_group_bytes
         self.verify_checksums = verify_checksums
+        self.fork_writer = fork_writer
         self.registry = SharedStateRegistry()
         self.job_record = catalog.register_job(
             job, max_parallelism=max_parallelism, location=self.storage.url_of(self.job)
@@ -221,6 +230,7 @@ class CheckpointManager:
         # heap delta chains, per (operator uid, subtask): see delta.py
         self._chains: dict[tuple[str, int], Any] = {}
         self._to_confirm: list[Any] = []
+        self._in_flight: dict[int, tuple[_Job, Future[SnapshotRecord]]] = {}
 
     # --- snapshots ---
 
@@ -255,6 +265,7 @@ class CheckpointManager:
             cancelled=threading.Event(),
             registry=self.registry,
             row_group_bytes=self.row_group_bytes,
+            fork=self.fork_writer and can_fork(snap),
         )
         captures: list[Capture] = []
         try:
@@ -292,11 +303,28 @@ class CheckpointManager:
             parent=parent,
             ctx=ctx,
         )
+        if ctx.fork and captures and all(c.forkable for c in captures):
+            self._fork(job)
         job.stats.sync_ms = (time.perf_counter() - started) * 1000
         if kind_ is SnapshotKind.CHECKPOINT and fmt is not SnapshotFormat.CANONICAL:
             self._force_full = False
         future = self._executor.submit(self._run, job)
+        with self._lock:
+            self._in_flight[job.record.id] = (job, future)
         return PendingSnapshot(job, future)
+
+    def _fork(self, job: _Job) -> None:
+        """Start the child that writes the files, now: it holds the state as of this barrier, so
+        the views are released at once and the task thread copies no slot on its next writes."""
+        try:
+            for c in job.captures:
+                c.prepare(job.ctx)
+            job.child = ForkedWrite(lambda opened: self._write_files(job, opened))
+        except BaseException as exc:
+            self._release(job.captures)
+            self._abandon(job.record, job.snapshot, exc)
+            raise
+        self._release(job.captures)
 
     def _check_kind(self, kind: str, savepoint_dir: str | None) -> SnapshotKind:
         try:
@@ -420,19 +448,19 @@ class CheckpointManager:
     def _run(self, job: _Job) -> SnapshotRecord:
         started = time.perf_counter()
         ctx = job.ctx
-        results: list[SubtaskResult] = []
         try:
             try:
                 ctx.check()
-                for c in job.captures:
-                    ctx.check()
-                    results.append(c.write(ctx))
+                if job.child is not None:
+                    written, op_files = self._forked_files(job)
+                else:
+                    for c in job.captures:
+                        c.prepare(ctx)
+                    written, op_files = self._write_files(job, ctx.created.append)
+                results = [c.result(ctx, w) for c, w in zip(job.captures, written, strict=True)]
             finally:
-                for c in job.captures:
-                    with contextlib.suppress(Exception):
-                        c.release()
+                self._release(job.captures)
             ctx.check()
-            op_files = self._write_operator_state(job)
             crash_point("checkpoint.after_data_files")
             meta = self._metadata(job, results, op_files)
             self._register_states(meta)
@@ -453,8 +481,13 @@ class CheckpointManager:
                 # snapshot is COMPLETED and restorable, so its files must stay.
                 raise
             job.committed = False
+            if job.child is not None:
+                job.child.kill(ctx.created.append)  # files it reported are removed below
             self._abandon(job.record, job.snapshot, exc, created=ctx.created)
             raise
+        finally:
+            with self._lock:
+                self._in_flight.pop(job.record.id, None)
         job.stats.async_ms = (time.perf_counter() - started) * 1000
         job.stats.full_bytes = meta.total_bytes
         job.stats.entries = record.entries
@@ -467,16 +500,44 @@ class CheckpointManager:
         except StatekeeperError:
             return False  # the catalog cannot say: treat the commit as not done, as before
 
-    def _write_operator_state(self, job: _Job) -> dict[str, list[tuple[int, SnapshotFile]]]:
-        out: dict[str, list[tuple[int, SnapshotFile]]] = {}
+    def _forked_files(self, job: _Job) -> Any:
+        assert job.child is not None
+        ctx = job.ctx
+        got = job.child.wait(cancelled=ctx.cancelled.is_set, opened=ctx.created.append)
+        ctx.check()
+        stale = [c for c in job.captures if not c.still_valid(ctx)]
+        if stale:
+            raise SnapshotWriterDied(
+                f"checkpoint {job.record.checkpoint_id}: the files that subtask "
+                f"{stale[0].subtask_index}'s delta builds on were released while it was written; "
+                "the next checkpoint writes a new base"
+            )
+        return got
+
+    @staticmethod
+    def _release(captures: Sequence[Capture]) -> None:
+        for c in captures:
+            with contextlib.suppress(Exception):
+                c.release()
+
+    def _write_files(
+        self, job: _Job, opened: Callable[[str], None]
+    ) -> tuple[list[Any], dict[str, list[tuple[int, SnapshotFile]]]]:
+        """Every data file of the snapshot: keyed (per capture), then operator state. Runs in a
+        forked child when every capture allows it (one fork per snapshot)."""
+        written = []
+        for c in job.captures:
+            job.ctx.check()
+            written.append(c.write_files(job.ctx, opened))
+        job.ctx.check()
+        op_files: dict[str, list[tuple[int, SnapshotFile]]] = {}
         for uid, per_subtask in job.operator_rows.items():
             for index, (rows, metas) in sorted(per_subtask.items()):
                 if not rows and not metas:
                     continue
-                f = write_operator_state(job.snapshot, rows, subtask=index)
-                job.ctx.created.append(f.path)
-                out.setdefault(uid, []).append((index, f))
-        return out
+                f = write_operator_state(job.snapshot, rows, subtask=index, on_open=opened)
+                op_files.setdefault(uid, []).append((index, f))
+        return written, op_files
 
     def _metadata(
         self,
@@ -802,6 +863,12 @@ class CheckpointManager:
         """Stop the checkpoint thread (after the snapshots in flight, with ``wait``)."""
         self._closed = True
         self._executor.shutdown(wait=wait, cancel_futures=not wait)
+        with self._lock:
+            never_ran = [job for job, future in self._in_flight.values() if future.cancelled()]
+        for job in never_ran:
+            # as after a crash: its PENDING row and files stay for recovery and orphan cleanup
+            if job.child is not None:
+                job.child.kill()
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -32,6 +32,7 @@ from state_engine.checkpoint.canonical import (
     DEFAULT_ROW_GROUP_BYTES,
     CanonicalWriter,
     KeyGroupStats,
+    WrittenFiles,
 )
 from state_engine.checkpoint.metadata import FileKind, SnapshotFile
 from state_engine.checkpoint.registry import SharedStateRegistry
@@ -64,6 +65,8 @@ class WriteContext:
     row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES
     #: files this snapshot created (relative paths), removed again if it fails or is cancelled
     created: list[str] = field(default_factory=list)
+    #: fork a child at the barrier to write the files of fork-safe views (see :mod:`forked`)
+    fork: bool = False
 
     def check(self) -> None:
         if self.cancelled.is_set():
@@ -109,13 +112,40 @@ class Capture(ABC):
         self.key_serializer = backend.key_serializer.snapshot().to_dict()
         self.states: dict[str, dict[str, Any]] = {}
 
+    #: ``write_files`` only reads a fork-safe view and writes files: it may run in a forked child
+    forkable: bool = False
+
+    def prepare(self, ctx: WriteContext) -> None:  # noqa: B027 - most captures need none
+        """Asynchronous phase, before any file is written (in this process)."""
+
     @abstractmethod
-    def write(self, ctx: WriteContext) -> SubtaskResult: ...
+    def write_files(self, ctx: WriteContext, opened: Callable[[str], None]) -> Any:
+        """Write the files, reporting each path to ``opened`` before creating it; returns
+        what :meth:`result` needs (picklable when :attr:`forkable`)."""
+
+    @abstractmethod
+    def result(self, ctx: WriteContext, written: Any) -> SubtaskResult:
+        """What the snapshot consists of, from what :meth:`write_files` returned."""
+
+    def still_valid(self, ctx: WriteContext) -> bool:
+        """After a forked write: whether what the files build on still exists."""
+        return True
+
+    def write(self, ctx: WriteContext) -> SubtaskResult:
+        """Prepare, write and describe the files here (no fork)."""
+        self.prepare(ctx)
+        return self.result(ctx, self.write_files(ctx, ctx.created.append))
 
     @abstractmethod
     def release(self) -> None: ...
 
-    def _writer(self, ctx: WriteContext, directory: str = "", chain_index: int | None = None):
+    def _writer(
+        self,
+        ctx: WriteContext,
+        directory: str = "",
+        chain_index: int | None = None,
+        on_open: Callable[[str], None] | None = None,
+    ) -> CanonicalWriter:
         return CanonicalWriter(
             ctx.snapshot,
             subtask=self.subtask_index,
@@ -124,6 +154,7 @@ class Capture(ABC):
             directory=directory,
             row_group_bytes=ctx.row_group_bytes,
             chain_index=chain_index,
+            on_open=on_open,
         )
 
 
@@ -153,12 +184,16 @@ class CanonicalCapture(Capture):
         self.directory = directory
         self.states = {n: m.to_dict() for n, m in view.states.items()}
 
-    def write(self, ctx: WriteContext) -> SubtaskResult:
-        writer = self._writer(ctx, self.directory)
-        with writer:
+    @property
+    def forkable(self) -> bool:  # type: ignore[override]
+        return self.view.fork_safe
+
+    def write_files(self, ctx: WriteContext, opened: Callable[[str], None]) -> WrittenFiles:
+        with self._writer(ctx, self.directory, on_open=opened) as writer:
             writer.write(ctx.guarded(self.view.iter_entries()))
-        written = writer.finish()
-        ctx.created.extend(written.paths)
+        return writer.finish()
+
+    def result(self, ctx: WriteContext, written: WrittenFiles) -> SubtaskResult:
         return SubtaskResult(
             self.operator_uid,
             self.subtask_index,
@@ -259,7 +294,13 @@ class NativeCapture(Capture):
         self.db_id = str(backend.db_path)  # type: ignore[attr-defined]
         self.states = {n: m.to_dict() for n, m in backend.registered_states().items()}
 
-    def write(self, ctx: WriteContext) -> SubtaskResult:
+    def write_files(self, ctx: WriteContext, opened: Callable[[str], None]) -> SubtaskResult:
+        return self._upload(ctx)
+
+    def result(self, ctx: WriteContext, written: SubtaskResult) -> SubtaskResult:
+        return written
+
+    def _upload(self, ctx: WriteContext) -> SubtaskResult:
         own_dir = f"native-{self.subtask_index}-{uuid.uuid4().hex[:12]}"
         files: list[SnapshotFile] = []
         written = reused = 0

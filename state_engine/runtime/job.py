@@ -27,7 +27,8 @@ class Job:
     ``backend``: a ``StateBackendFactory`` (``HeapBackendFactory()``,
     ``RocksDBBackendFactory(dir)``); None is the heap. ``clock``: processing time (default: the
     system clock; a :class:`~state_engine.runtime.clock.RecordTimestampClock` makes runs
-    reproducible).
+    reproducible). ``fork_writer``: heap snapshots on local storage are written by a forked
+    child process (see :mod:`state_engine.checkpoint.forked`); False keeps them on a thread.
     """
 
     name: str
@@ -44,6 +45,7 @@ class Job:
     checkpoint_format: str = "canonical"
     retained: int = 3
     incremental: bool = False
+    fork_writer: bool = True
     clock: Clock | None = None
     source_uid: str = "source"
     operator_uid: str = "process"

@@ -161,6 +161,7 @@ class JobRunner:
                 format=job.checkpoint_format,
                 retained=job.retained,
                 incremental=job.incremental,
+                fork_writer=job.fork_writer,
             )
             if self.restore_from is not None:
                 result = self.manager.restore(

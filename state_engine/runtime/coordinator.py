@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from state_engine.checkpoint.state import SubtaskState
 
 
+#: Records between two looks at the snapshots in flight (each look costs about as much as a
+#: record's routing) when checkpoints are due by record count, whose barriers stay exact.
+CHECK_EVERY_RECORDS = 64
+
+
 class BarrierParticipant(Protocol):
     """A subtask as the coordinator sees it."""
 
@@ -80,6 +85,17 @@ class CheckpointCoordinator:
         self._last_time = time_fn()
         self._in_flight: list[_InFlight] = []
         self.stats = CheckpointStats()
+
+    def next_check(self, records: int) -> int:
+        """The record count at which the runner should next :meth:`poll` and ask :meth:`due`:
+        every record under a time interval (records may be slow), exactly at a record
+        interval's barrier and at least every :data:`CHECK_EVERY_RECORDS` otherwise."""
+        if self.interval_seconds is not None:
+            return records + 1
+        nxt = records + CHECK_EVERY_RECORDS
+        if self.interval_records is not None:
+            nxt = min(nxt, self._last_records + self.interval_records)
+        return nxt
 
     def due(self, records: int) -> bool:
         every = self.interval_records

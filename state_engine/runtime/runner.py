@@ -257,6 +257,7 @@ class JobRunner:
         operators = [s.operator for s in self.subtasks]
         marks = [r.watermarks for r in readers]
         coordinator = self.coordinator
+        check_at = self._records_in
         try:
             while True:
                 progressed = False
@@ -281,10 +282,11 @@ class JobRunner:
                             o.advance_watermark(wm)
                     for o in operators:
                         o.fire_processing_timers()
-                    if coordinator is not None:
+                    if coordinator is not None and self._records_in >= check_at:
                         coordinator.poll()
                         if coordinator.due(self._records_in):
                             coordinator.trigger(self._records_in)
+                        check_at = coordinator.next_check(self._records_in)
                 if not progressed:
                     return False
         finally:

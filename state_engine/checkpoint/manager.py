@@ -32,7 +32,7 @@ from state_engine.checkpoint.canonical import (
     KeyGroupStats,
     write_operator_state,
 )
-from state_engine.checkpoint.forked import ForkedWrite, SnapshotWriterDied, can_fork
+from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.metadata import (
     METADATA_FILE,
     OperatorSnapshot,
@@ -65,6 +65,7 @@ from state_engine.checkpoint.strategies import (
     is_native,
 )
 from state_engine.errors import (
+    CheckpointError,
     CommitConflict,
     InvalidSnapshotRequest,
     InvalidSnapshotTransition,
@@ -121,6 +122,7 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the forked child writing the files (heap views on local storage), started at the barrier
     child: ForkedWrite[Any] | None = None
+    started: bool = False  # the checkpoint thread took the job up
 
 
 class PendingSnapshot:
@@ -230,7 +232,7 @@ class CheckpointManager:
         # heap delta chains, per (operator uid, subtask): see delta.py
         self._chains: dict[tuple[str, int], Any] = {}
         self._to_confirm: list[Any] = []
-        self._in_flight: dict[int, tuple[_Job, Future[SnapshotRecord]]] = {}
+        self._in_flight: dict[int, _Job] = {}
 
     # --- snapshots ---
 
@@ -308,9 +310,9 @@ class CheckpointManager:
         job.stats.sync_ms = (time.perf_counter() - started) * 1000
         if kind_ is SnapshotKind.CHECKPOINT and fmt is not SnapshotFormat.CANONICAL:
             self._force_full = False
-        future = self._executor.submit(self._run, job)
         with self._lock:
-            self._in_flight[job.record.id] = (job, future)
+            self._in_flight[job.record.id] = job
+        future = self._executor.submit(self._run, job)
         return PendingSnapshot(job, future)
 
     def _fork(self, job: _Job) -> None:
@@ -320,6 +322,8 @@ class CheckpointManager:
             for c in job.captures:
                 c.prepare(job.ctx)
             job.child = ForkedWrite(lambda opened: self._write_files(job, opened))
+        except OSError:
+            return  # no fork (out of processes or memory): the checkpoint thread writes instead
         except BaseException as exc:
             self._release(job.captures)
             self._abandon(job.record, job.snapshot, exc)
@@ -447,6 +451,7 @@ class CheckpointManager:
 
     def _run(self, job: _Job) -> SnapshotRecord:
         started = time.perf_counter()
+        job.started = True
         ctx = job.ctx
         try:
             try:
@@ -507,7 +512,7 @@ class CheckpointManager:
         ctx.check()
         stale = [c for c in job.captures if not c.still_valid(ctx)]
         if stale:
-            raise SnapshotWriterDied(
+            raise CheckpointError(
                 f"checkpoint {job.record.checkpoint_id}: the files that subtask "
                 f"{stale[0].subtask_index}'s delta builds on were released while it was written; "
                 "the next checkpoint writes a new base"
@@ -863,8 +868,8 @@ class CheckpointManager:
         """Stop the checkpoint thread (after the snapshots in flight, with ``wait``)."""
         self._closed = True
         self._executor.shutdown(wait=wait, cancel_futures=not wait)
-        with self._lock:
-            never_ran = [job for job, future in self._in_flight.values() if future.cancelled()]
+        with self._lock:  # the shutdown cancelled every job the thread had not taken up
+            never_ran = [job for job in self._in_flight.values() if not job.started]
         for job in never_ran:
             # as after a crash: its PENDING row and files stay for recovery and orphan cleanup
             if job.child is not None:

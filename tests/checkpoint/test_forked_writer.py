@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -150,4 +151,41 @@ def test_a_snapshot_cancelled_while_the_child_writes_leaves_nothing(
         assert {f.path for f in storage.list_files("job")} == before
         done = m.trigger(job).result()  # and the next one goes through
         assert done.status == "COMPLETED" and done.entries > 0
+    close(job)
+
+
+def test_closing_without_waiting_stops_children_of_snapshots_never_taken_up(
+    catalog, storage, tmp_path
+):
+    job = make_job("heap", tmp_path, 2)
+    apply(job, KEYS)
+    m = manager(catalog, storage, "job", "canonical", fork_writer=True)
+    gate = threading.Event()
+    m._executor.submit(gate.wait)  # hold the checkpoint thread
+    pending = m.trigger(job)
+    child = m._in_flight[pending.snapshot_id].child
+    assert child is not None
+    m.close(wait=False)
+    gate.set()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # killed and reaped
+    assert catalog.get_snapshot(pending.snapshot_id).status == "PENDING"  # as after a crash
+    close(job)
+
+
+def test_when_fork_fails_the_checkpoint_thread_writes_the_snapshot(
+    catalog, storage, tmp_path, monkeypatch
+):
+    job = make_job("heap", tmp_path, 2)
+    apply(job, KEYS)
+
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    with manager(catalog, storage, "job", "canonical", fork_writer=True) as m:
+        record = m.trigger(job).result()
+        restored = m.restore(record.id, parallelism=1, factory=factory("heap", tmp_path))
+        assert observe(restored.subtasks, KEYS) == observe(job, KEYS)
+        close(restored.subtasks)
     close(job)

@@ -11,7 +11,7 @@ import time
 import pytest
 from jobstate import OP, add_operator_state, apply, close, factory, make_job, observe, operator_view
 
-from state_engine.checkpoint.forked import SnapshotWriterDied, can_fork, run_forked
+from state_engine.checkpoint.forked import ForkedWrite, SnapshotWriterDied, can_fork, run_forked
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotCancelled, SnapshotFileExists
@@ -114,10 +114,11 @@ def test_cancelling_kills_the_child_and_reaps_it(tmp_path):
         marker.touch()
         signal.pause()  # until killed
 
-    assert run_forked(work, cancelled=marker.exists, opened=opened.append) is None
+    child = ForkedWrite(work)
+    assert child.wait(cancelled=marker.exists, opened=opened.append) is None
     assert opened == ["keyed-0-never-finished.parquet"]
     with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # no child left behind, not even a zombie
+        os.waitpid(child.pid, os.WNOHANG)  # not left behind, not even as a zombie
 
 
 def test_a_snapshot_cancelled_while_the_child_writes_leaves_nothing(

@@ -201,7 +201,8 @@ def int_values(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
         if arr.num_chunks == 1:
             return int_values(arr.chunk(0))
         return np.concatenate([int_values(c) for c in arr.chunks])
-    dtype = np.dtype(arr.type.to_pandas_dtype())
+    t = arr.type
+    dtype = np.dtype(f"{'u' if pa.types.is_unsigned_integer(t) else ''}int{t.bit_width}")
     n, off = len(arr), arr.offset
     data = arr.buffers()[1]
     if data is None:
@@ -209,6 +210,39 @@ def int_values(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     out = np.frombuffer(data, dtype=dtype, count=off + n)[off:]
     if arr.null_count:
         out = np.where(is_valid(arr), out, 0).astype(dtype)
+    return out
+
+
+def arrow_array(values: np.ndarray | Sequence[Any], type_: pa.DataType | None = None) -> pa.Array:
+    """A NumPy bool/integer array, or a list of bytes, as Arrow without ``pa.array`` (which imports
+    pandas to look for pandas objects: seconds in every fresh Spark Python worker)."""
+    if isinstance(values, np.ndarray):
+        values = np.ascontiguousarray(values)
+        n = len(values)
+        if values.dtype == np.bool_:
+            bits = pa.py_buffer(np.packbits(values, bitorder="little"))
+            return pa.Array.from_buffers(pa.bool_(), n, [None, bits])
+        type_ = pa.from_numpy_dtype(values.dtype)
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(values)])
+    arr = _from_buffers(values, type_ or pa.binary())
+    if arr is None:
+        raise TypeError(f"cannot build an Arrow {type_} array from {type(values).__name__}")
+    return arr
+
+
+def bool_values(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow array's values (nulls as False) as NumPy (pandas-free, see
+    :func:`int_values`)."""
+    if isinstance(arr, pa.ChunkedArray):
+        return np.concatenate([bool_values(c) for c in arr.chunks] or [np.zeros(0, bool)])
+    n, off = len(arr), arr.offset
+    data = arr.buffers()[1]
+    if data is None or n == 0:
+        return np.zeros(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+    out = bits[off : off + n].astype(bool)
+    if arr.null_count:
+        out &= is_valid(arr)
     return out
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from state_engine.checkpoint.canonical import (
@@ -33,6 +34,7 @@ from state_engine.checkpoint.canonical import (
     KEYED_SCHEMA,
     CanonicalWriter,
     KeyGroupStats,
+    arrow_array,
 )
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.storage import SnapshotDir
@@ -190,7 +192,7 @@ def run_range_tasks(spark: SparkSession, tasks: Sequence[T], fn: Callable[[T], R
             ids = batch.column(0).to_pylist()
             results = [pickle.dumps(_outcome(fn, payload[i]), protocol=5) for i in ids]
             yield pa.RecordBatch.from_arrays(
-                [pa.array(ids, pa.int64()), pa.array(results, pa.binary())],
+                [arrow_array(np.array(ids, dtype=np.int64)), arrow_array(results)],
                 names=["task", "result"],
             )
 

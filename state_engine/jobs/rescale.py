@@ -57,6 +57,8 @@ from state_engine.catalog import Catalog
 from state_engine.checkpoint.canonical import (
     KEYED_SCHEMA,
     KeyGroupStats,
+    arrow_array,
+    int_values,
     read_operator_state,
     write_operator_state,
 )
@@ -283,8 +285,9 @@ def rebucket_task(
         else range_batches(src, meta, wr.operator, wr.first, wr.last, stats)
     )
     for b in source:
-        kg = key_groups_for_hashes(b.column("key_hash").to_numpy(zero_copy_only=False), new_max_p)
-        cols = [pa.array(kg, pa.int32())] + [b.column(n) for n in KEYED_SCHEMA.names[1:]]
+        kg = key_groups_for_hashes(int_values(b.column("key_hash")), new_max_p)
+        kg_col = arrow_array(kg.astype(np.int32, copy=False))
+        cols = [kg_col] + [b.column(n) for n in KEYED_SCHEMA.names[1:]]
         yield pa.RecordBatch.from_arrays(cols, schema=KEYED_SCHEMA)
 
 
@@ -307,10 +310,10 @@ def _spill_run(
     a contiguous slice of the sorted rows, in key-group order.
     """
     table = pa.Table.from_batches(batches, schema=KEYED_SCHEMA)
-    kg = table.column(0).to_numpy()
+    kg = int_values(table.column(0))
     order = np.argsort(kg, kind="stable")
     kg_sorted = kg[order]
-    table = table.take(pa.array(order))
+    table = table.take(arrow_array(order))
     dest = (kg_sorted.astype(np.int64) * pieces) // new_max
     cuts = np.flatnonzero(np.diff(dest)) + 1
     local = _is_local(out)
@@ -388,7 +391,7 @@ def _open_spill(out: SnapshotDir, rel: str) -> pa.Table:
 def _merged(tables: list[pa.Table], first: int, last: int) -> Iterator[pa.RecordBatch]:
     """The rows of key-group-sorted ``tables`` in key-group order, as zero-copy slices."""
     bounds = [
-        np.searchsorted(t.column(0).to_numpy(), np.arange(first, last + 2), side="left").tolist()
+        np.searchsorted(int_values(t.column(0)), np.arange(first, last + 2), side="left").tolist()
         for t in tables
     ]
     for i in range(last - first + 1):
@@ -438,19 +441,19 @@ def write_direct(
         nonlocal held, held_bytes
         if held:
             table = pa.Table.from_batches(held, schema=KEYED_SCHEMA)
-            order = np.argsort(table.column(0).to_numpy(), kind="stable")
-            runs.append(table.take(pa.array(order)))
+            order = np.argsort(int_values(table.column(0)), kind="stable")
+            runs.append(table.take(arrow_array(order)))
         held, held_bytes = [], 0
 
     for wr in read_ranges:
         for b in rebucket_task(source_url, source_kind, meta, False, new_max, wr, stats):
             rows += b.num_rows
-            d = (b.column(0).to_numpy().astype(np.int64) * pieces) // new_max
+            d = (int_values(b.column(0)).astype(np.int64) * pieces) // new_max
             keep = (d >= lo_d) & (d <= hi_d)
             if keep.all():
                 held.append(b)
             elif keep.any():
-                held.append(b.filter(pa.array(keep)))
+                held.append(b.filter(arrow_array(keep)))
             else:
                 continue
             held_bytes += held[-1].nbytes

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from state_engine.catalog import Catalog
+from state_engine.checkpoint.canonical import arrow_array
 from state_engine.checkpoint.metadata import SnapshotFormat, SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats
 from state_engine.errors import InvalidJobParams
@@ -114,9 +115,9 @@ def capture_range(
             rows[0] += b.num_rows
             drop = expired_mask(b, limits)
             if drop.any():
-                for item in b.column("state").filter(pa.array(drop)).value_counts().to_pylist():
+                for item in b.column("state").filter(arrow_array(drop)).value_counts().to_pylist():
                     dropped[item["values"]] += item["counts"]
-                b = b.filter(pa.array(~drop))
+                b = b.filter(arrow_array(~drop))
             if b.num_rows:
                 yield b
 

@@ -23,7 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state_engine.checkpoint.canonical import KEYED_SCHEMA, read_key_groups
+from state_engine.checkpoint.canonical import (
+    KEYED_SCHEMA,
+    arrow_array,
+    bool_values,
+    int_values,
+    read_key_groups,
+)
 from state_engine.checkpoint.delta import CLEAR, PUT
 from state_engine.checkpoint.metadata import (
     FileKind,
@@ -126,9 +132,9 @@ def fold_range(
                     {
                         **{name: b.column(name) for name in KEYED_SCHEMA.names},
                         "op": b.column("op").cast(pa.int8()),
-                        "ci": pa.array(np.full(n, ci, dtype=np.int32)),
+                        "ci": arrow_array(np.full(n, ci, dtype=np.int32)),
                         "seq": b.column("seq").cast(pa.int64()),
-                        "pos": pa.array(np.arange(pos, pos + n, dtype=np.int64)),
+                        "pos": arrow_array(np.arange(pos, pos + n, dtype=np.int64)),
                     }
                 )
             )
@@ -139,8 +145,8 @@ def fold_range(
     delta = pa.concat_tables(parts)
     touched = np.unique(
         _pack(
-            delta.column("key_group").to_numpy(),
-            delta.column("key_hash").to_numpy(),
+            int_values(delta.column("key_group")),
+            int_values(delta.column("key_hash")),
         )
     )
     kept: list[pa.RecordBatch] = []
@@ -150,22 +156,22 @@ def fold_range(
             continue
         hit = np.isin(
             _pack(
-                b.column("key_group").to_numpy(zero_copy_only=False),
-                b.column("key_hash").to_numpy(zero_copy_only=False),
+                int_values(b.column("key_group")),
+                int_values(b.column("key_hash")),
             ),
             touched,
         )
         if not hit.any():
             kept.append(b)
             continue
-        kept.append(b.filter(pa.array(~hit)))
-        c = pa.Table.from_batches([b.filter(pa.array(hit))])
+        kept.append(b.filter(arrow_array(~hit)))
+        c = pa.Table.from_batches([b.filter(arrow_array(hit))])
         n = c.num_rows
         candidates.append(
-            c.append_column("op", pa.array(np.full(n, PUT, dtype=np.int8)))
-            .append_column("ci", pa.array(np.zeros(n, dtype=np.int32)))
-            .append_column("seq", pa.array(np.zeros(n, dtype=np.int64)))
-            .append_column("pos", pa.array(np.full(n, -1, dtype=np.int64)))
+            c.append_column("op", arrow_array(np.full(n, PUT, dtype=np.int8)))
+            .append_column("ci", arrow_array(np.zeros(n, dtype=np.int32)))
+            .append_column("seq", arrow_array(np.zeros(n, dtype=np.int64)))
+            .append_column("pos", arrow_array(np.full(n, -1, dtype=np.int64)))
         )
     union = pa.concat_tables([*candidates, delta.cast(candidates[0].schema)] if candidates
                              else [delta])  # fmt: skip
@@ -181,8 +187,8 @@ def fold_range(
     if merged.num_rows == 0:
         return
     # kept rows are in key-group order already; a stable sort places the folded ones among them
-    order = np.argsort(merged.column("key_group").to_numpy(), kind="stable")
-    yield from merged.take(pa.array(order)).combine_chunks().to_batches(_BATCH_ROWS)
+    order = np.argsort(int_values(merged.column("key_group")), kind="stable")
+    yield from merged.take(arrow_array(order)).combine_chunks().to_batches(_BATCH_ROWS)
 
 
 def _same_as_previous(table: pa.Table, columns: Iterable[str]) -> np.ndarray:
@@ -192,9 +198,9 @@ def _same_as_previous(table: pa.Table, columns: Iterable[str]) -> np.ndarray:
     for name in columns:
         col = table.column(name).combine_chunks()
         a, b = col.slice(1), col.slice(0, n - 1)
-        eq = pc.fill_null(pc.equal(a, b), False).to_numpy(zero_copy_only=False)
+        eq = bool_values(pc.equal(a, b))
         if col.null_count:
-            both = pc.and_(pc.is_null(a), pc.is_null(b)).to_numpy(zero_copy_only=False)
+            both = bool_values(pc.and_(pc.is_null(a), pc.is_null(b)))
             eq = eq | both
         same &= eq
     return np.concatenate([[False], same]) if n else np.zeros(0, dtype=bool)
@@ -206,11 +212,11 @@ def _fold_exact(union: pa.Table) -> pa.Table:
     t = union.sort_by([(c, "ascending") for c in _GROUP] + stamp)
     n = t.num_rows
     group_id = np.cumsum(~_same_as_previous(t, _GROUP)) - 1
-    is_clear = t.column("op").to_numpy() == CLEAR
+    is_clear = int_values(t.column("op")) == CLEAR
     idx = np.arange(n)
     last_clear = np.full(group_id[-1] + 1 if n else 0, -1, dtype=np.int64)
     np.maximum.at(last_clear, group_id[is_clear], idx[is_clear])
-    t = t.filter(pa.array(idx > last_clear[group_id]))
+    t = t.filter(arrow_array(idx > last_clear[group_id]))
     # 2. per identity the greatest stamp wins; a winning DELETE removes the entry
     identity = (*_GROUP, "user_key")
     t = t.sort_by([(c, "ascending") for c in identity] + stamp)
@@ -218,8 +224,8 @@ def _fold_exact(union: pa.Table) -> pa.Table:
     if m == 0:
         return KEYED_SCHEMA.empty_table()
     same_next = np.concatenate([_same_as_previous(t, identity)[1:], [False]])
-    win = ~same_next & (t.column("op").to_numpy() == PUT)
-    return t.filter(pa.array(win)).select(KEYED_SCHEMA.names).cast(KEYED_SCHEMA)
+    win = ~same_next & (int_values(t.column("op")) == PUT)
+    return t.filter(arrow_array(win)).select(KEYED_SCHEMA.names).cast(KEYED_SCHEMA)
 
 
 # --- native RocksDB ---

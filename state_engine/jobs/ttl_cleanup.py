@@ -22,7 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.canonical import read_key_groups
+from state_engine.checkpoint.canonical import (
+    arrow_array,
+    int_values,
+    is_valid,
+    read_key_groups,
+)
 from state_engine.checkpoint.metadata import FileKind, SnapshotFile, SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import InvalidJobParams
@@ -85,12 +90,13 @@ def expired_mask(batch: pa.RecordBatch, thresholds: Thresholds) -> np.ndarray:
     if not thresholds or batch.num_rows == 0:
         return np.zeros(batch.num_rows, dtype=bool)
     names = list(thresholds)
-    idx = pc.index_in(batch.column("state"), value_set=pa.array(names, pa.string()))
-    idx_np = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False)
+    idx = pc.index_in(batch.column("state"), value_set=arrow_array(names, pa.string()))
+    # NumPy, not pc.fill_null with a Python scalar: that imports pandas in every Spark worker
+    idx_np = np.where(is_valid(idx), int_values(idx), -1)
     limits = np.array([*thresholds.values(), INT64_MIN], dtype=np.int64)
     expires = batch.column("expires_at")
-    has_expiry = pc.is_valid(expires).to_numpy(zero_copy_only=False)
-    values = pc.fill_null(expires, INT64_MAX).to_numpy(zero_copy_only=False)
+    has_expiry = is_valid(expires)
+    values = int_values(expires)  # nulls read as 0, masked by has_expiry
     return has_expiry & (idx_np >= 0) & (values <= limits[idx_np])
 
 
@@ -121,8 +127,8 @@ def clean_range(
             rows[0] += batch.num_rows
             drop = expired_mask(batch, limits)
             if drop.any():
-                _count(batch.column("state").filter(pa.array(drop)), dropped)
-                batch = batch.filter(pa.array(~drop))
+                _count(batch.column("state").filter(arrow_array(drop)), dropped)
+                batch = batch.filter(arrow_array(~drop))
             if batch.num_rows:
                 _count(batch.column("state"), kept)
                 yield batch

@@ -491,7 +491,7 @@ class CanonicalWriter:
         self._pending_kg = self._pending_kg[cut:]
         self._pending_size = self._pending_size[cut:]
         if self._pq is None:
-            self._open_file()
+            self._open_file(group)
         assert self._pq is not None and self._sink is not None
         self._pq.write_table(group, row_group_size=cut)
         self._file_rgs.append((first_kg, last_kg))
@@ -499,7 +499,25 @@ class CanonicalWriter:
         if self._stream.tell() >= self._file_bytes:
             self._close_file()
 
-    def _open_file(self) -> None:
+    def _codecs(self, sample: pa.Table) -> dict[str, Any]:
+        """Compression per column for a new file: the writer's codec, except for byte columns
+        whose sample (the file's first row group) it does not shrink (random or already
+        compressed values): compressing those would cost time on every write and read."""
+        if self._compression == "none":
+            return {"compression": "none", "compression_level": None}
+        codecs: dict[str, str] = {}
+        for name in sample.schema.names:
+            codecs[name] = self._compression
+            if name in _INCOMPRESSIBLE_CANDIDATES and _incompressible(sample.column(name)):
+                codecs[name] = "none"
+        levels = (
+            None
+            if self._compression_level is None
+            else {n: self._compression_level for n, c in codecs.items() if c != "none"}
+        )
+        return {"compression": codecs, "compression_level": levels}
+
+    def _open_file(self, sample: pa.Table) -> None:
         name = self._snap.new_file_name(self._prefix, ".parquet")
         path = f"{self._directory}/{name}" if self._directory else name
         if self._on_open is not None:
@@ -511,8 +529,7 @@ class CanonicalWriter:
         self._pq = pq.ParquetWriter(
             self._stream,
             self.schema,
-            compression=self._compression,
-            compression_level=self._compression_level,
+            **self._codecs(sample),
             use_dictionary=["state"],
             write_statistics=["key_group"],
             write_page_checksum=True,  # a restore verifies every page it reads
@@ -597,6 +614,25 @@ class CanonicalWriter:
             self.abort()
         elif not self._done:
             self.finish()
+
+
+#: Columns whose bytes may well not compress (serialized user values and keys).
+_INCOMPRESSIBLE_CANDIDATES = frozenset({"value", "user_key", "key"})
+#: Bytes of a column's sample compressed to decide, and the ratio above which it stays raw.
+_SAMPLE_BYTES = 64 << 10
+_KEEP_RAW_ABOVE = 0.95
+
+
+def _incompressible(column: pa.ChunkedArray) -> bool:
+    """Whether zstd leaves a sample of ``column``'s bytes almost as large as it found them."""
+    chunks = [c for c in column.chunks if len(c)]
+    if not chunks:
+        return False
+    data = chunks[0].buffers()[2]
+    if data is None or data.size < 4096:
+        return False  # too little to judge: keep the codec
+    sample = data[: min(data.size, _SAMPLE_BYTES)]
+    return pa.compress(sample, codec="zstd", asbytes=False).size > _KEEP_RAW_ABOVE * sample.size
 
 
 def _runs(row_groups: list[tuple[int, int]]) -> tuple[KeyGroupRun, ...]:

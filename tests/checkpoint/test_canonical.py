@@ -3,6 +3,7 @@ restores that read only their key groups."""
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 from collections import Counter, defaultdict
@@ -390,3 +391,26 @@ def test_a_corrupt_page_or_footer_is_refused_naming_file_and_snapshot(
     fs.pipe_file(path, bytes(damaged))
     with pytest.raises(SnapshotFileMismatch, match=f"{f.path}.*{snap.url}.*another snapshot"):
         list(read_key_groups(snap, meta, whole))
+
+
+@pytest.mark.parametrize(
+    "value,codec",
+    [(lambda i: os.urandom(64), "UNCOMPRESSED"), (lambda i: b'{"n": %d}' % i * 8, "ZSTD")],
+    ids=["random values stay raw", "json values are compressed"],
+)
+def test_value_bytes_that_zstd_cannot_shrink_are_written_raw(
+    write_snapshot: WriteSnapshot, value: Callable[[int], bytes], codec: str
+) -> None:
+    rows = [StateEntry(kg, kg, b"key-%d" % i, b"", "s", None, value(i), None)
+            for i, kg in enumerate(sorted(i % MAX_P for i in range(4000)))]  # fmt: skip
+    snap, meta = write_snapshot(
+        rows, job=f"job-{uuid.uuid4().hex}", max_parallelism=MAX_P, parallelism=1,
+        row_group_bytes=16 << 10,
+    )  # fmt: skip
+    for f in meta.files:
+        with snap.fs.open(snap.resolve(f.path), "rb") as fh:
+            md = pq.ParquetFile(fh).metadata
+        codecs = {md.row_group(0).column(i).path_in_schema: md.row_group(0).column(i).compression
+                  for i in range(md.num_columns)}  # fmt: skip
+        assert codecs["value"] == codec and codecs["key"] == "ZSTD"
+    assert list(read_entries(snap, read_metadata(snap), (0, MAX_P - 1))) == rows

@@ -224,7 +224,8 @@ def arrow_array(values: np.ndarray | Sequence[Any], type_: pa.DataType | None = 
             return pa.Array.from_buffers(pa.bool_(), n, [None, bits])
         type_ = pa.from_numpy_dtype(values.dtype)
         return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(values)])
-    arr = _from_buffers(values, type_ or pa.binary())
+    type_ = type_ or pa.binary()
+    arr = _from_buffers(values, type_)
     if arr is None:
         raise TypeError(f"cannot build an Arrow {type_} array from {type(values).__name__}")
     return arr

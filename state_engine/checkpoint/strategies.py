@@ -2,7 +2,9 @@
 
 As in Flink's ``SnapshotStrategy``: :meth:`SnapshotStrategy.capture` runs on the task thread and
 only fixes a consistent view (heap: copy-on-write view; RocksDB: a hard-linked local checkpoint);
-:meth:`Capture.write` runs on the checkpoint thread while processing continues, and writes files.
+:meth:`Capture.write_files` writes the files while processing continues: on the checkpoint
+thread, or for heap views on local storage in a child forked at the barrier (see :mod:`forked`);
+:meth:`Capture.result` then describes them for ``_metadata`` and the catalog.
 
 - :class:`CanonicalSnapshotStrategy`: full canonical Parquet of the view (any backend).
 - :class:`NativeSnapshotStrategy`: the RocksDB files. Incremental checkpoints upload each SST once
@@ -130,11 +132,6 @@ class Capture(ABC):
     def still_valid(self, ctx: WriteContext) -> bool:
         """After a forked write: whether what the files build on still exists."""
         return True
-
-    def write(self, ctx: WriteContext) -> SubtaskResult:
-        """Prepare, write and describe the files here (no fork)."""
-        self.prepare(ctx)
-        return self.result(ctx, self.write_files(ctx, ctx.created.append))
 
     @abstractmethod
     def release(self) -> None: ...

@@ -194,22 +194,22 @@ def _pa_array(values: Sequence[Any], field: pa.Field, where: str) -> pa.Array:
     return arr
 
 
-def int_values(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """An integer Arrow array's values (nulls as 0) as NumPy, without ``to_numpy`` or
+def int_values(arr: pa.Array | pa.ChunkedArray, null: int = 0) -> np.ndarray:
+    """An integer Arrow array's values (nulls as ``null``) as NumPy, without ``to_numpy`` or
     ``fill_null`` (which import pandas, see :func:`_from_buffers`)."""
     if isinstance(arr, pa.ChunkedArray):
         if arr.num_chunks == 1:
-            return int_values(arr.chunk(0))
-        return np.concatenate([int_values(c) for c in arr.chunks])
+            return int_values(arr.chunk(0), null)
+        return np.concatenate([int_values(c, null) for c in arr.chunks])
     t = arr.type
     dtype = np.dtype(f"{'u' if pa.types.is_unsigned_integer(t) else ''}int{t.bit_width}")
     n, off = len(arr), arr.offset
     data = arr.buffers()[1]
     if data is None:
-        return np.zeros(n, dtype=dtype)
+        return np.full(n, null, dtype=dtype)
     out = np.frombuffer(data, dtype=dtype, count=off + n)[off:]
     if arr.null_count:
-        out = np.where(is_valid(arr), out, 0).astype(dtype)
+        out = np.where(is_valid(arr), out, null).astype(dtype)
     return out
 
 

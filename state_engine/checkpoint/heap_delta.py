@@ -83,16 +83,8 @@ class DeltaCapture(Capture):
             with self._writer(ctx, shared, on_open=opened) as writer:
                 writer.write(ctx.guarded(self.view.iter_entries()))
             return writer.finish()
-        with DeltaWriter(
-            ctx.snapshot,
-            chain_index=len(self.chain.deltas) + 1,
-            subtask=self.subtask_index,
-            max_parallelism=self.max_parallelism,
-            key_group_range=self.key_group_range,
-            directory=shared,
-            row_group_bytes=ctx.row_group_bytes,
-            on_open=opened,
-        ) as delta:
+        index = len(self.chain.deltas) + 1
+        with self._writer(ctx, shared, index, on_open=opened, writer=DeltaWriter) as delta:
             delta.write(ctx.guarded(_delta_rows(self.view)))
         return delta.finish()
 

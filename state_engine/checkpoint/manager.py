@@ -267,7 +267,6 @@ class CheckpointManager:
             cancelled=threading.Event(),
             registry=self.registry,
             row_group_bytes=self.row_group_bytes,
-            fork=self.fork_writer and can_fork(snap),
         )
         captures: list[Capture] = []
         try:
@@ -305,7 +304,8 @@ class CheckpointManager:
             parent=parent,
             ctx=ctx,
         )
-        if ctx.fork and captures and all(c.forkable for c in captures):
+        fork = self.fork_writer and can_fork(snap)
+        if fork and captures and all(c.forkable for c in captures):
             self._fork(job)
         job.stats.sync_ms = (time.perf_counter() - started) * 1000
         if kind_ is SnapshotKind.CHECKPOINT and fmt is not SnapshotFormat.CANONICAL:

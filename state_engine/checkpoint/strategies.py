@@ -67,8 +67,6 @@ class WriteContext:
     row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES
     #: files this snapshot created (relative paths), removed again if it fails or is cancelled
     created: list[str] = field(default_factory=list)
-    #: fork a child at the barrier to write the files of fork-safe views (see :mod:`forked`)
-    fork: bool = False
 
     def check(self) -> None:
         if self.cancelled.is_set():
@@ -142,8 +140,9 @@ class Capture(ABC):
         directory: str = "",
         chain_index: int | None = None,
         on_open: Callable[[str], None] | None = None,
+        writer: type[CanonicalWriter] = CanonicalWriter,
     ) -> CanonicalWriter:
-        return CanonicalWriter(
+        return writer(
             ctx.snapshot,
             subtask=self.subtask_index,
             max_parallelism=self.max_parallelism,

@@ -91,8 +91,8 @@ def expired_mask(batch: pa.RecordBatch, thresholds: Thresholds) -> np.ndarray:
         return np.zeros(batch.num_rows, dtype=bool)
     names = list(thresholds)
     idx = pc.index_in(batch.column("state"), value_set=arrow_array(names, pa.string()))
-    # NumPy, not pc.fill_null with a Python scalar: that imports pandas in every Spark worker
-    idx_np = np.where(is_valid(idx), int_values(idx), -1)
+    # not pc.fill_null with a Python scalar: that imports pandas in every Spark worker
+    idx_np = int_values(idx, null=-1)
     limits = np.array([*thresholds.values(), INT64_MIN], dtype=np.int64)
     expires = batch.column("expires_at")
     has_expiry = is_valid(expires)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state_engine.backends.operator import (
+from state_engine.backends.operator_state import (
     BroadcastState,
     OperatorListState,
     OperatorStateBackend,

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from state_engine.backends.operator import OperatorStateRow
+from state_engine.backends.operator_state import OperatorStateRow
 from state_engine.checkpoint.metadata import (
     FileKind,
     KeyGroupRun,

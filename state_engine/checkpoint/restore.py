@@ -9,7 +9,7 @@ At the same max parallelism a new subtask owns one key-group range; it reads
   does); other overlapping DBs are opened aside and their rows of the range inserted. With a heap
   factory every overlapping DB is opened aside and exported as canonical rows (the bridge).
 
-Operator state goes through :func:`~state_engine.backends.operator.redistribute` by its mode.
+Operator state goes through :func:`~state_engine.backends.operator_state.redistribute` by its mode.
 Nothing is written to the catalog before the snapshot's ``_metadata``, files and serializers
 check out.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import KeyedStateBackend
-from state_engine.backends.operator import (
+from state_engine.backends.operator_state import (
     OperatorStateBackend,
     OperatorStateMeta,
     group_by_subtask,

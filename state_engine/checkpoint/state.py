@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from state_engine.backends.base import KeyedStateBackend
 from state_engine.backends.heap import HeapKeyedStateBackend
-from state_engine.backends.operator import OperatorStateBackend
+from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.storage import ReadStats
 from state_engine.keygroups import KeyGroupRange
 from state_engine.state.ttl import Clock

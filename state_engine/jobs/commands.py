@@ -222,7 +222,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 def cmd_state_show(args: argparse.Namespace) -> int:
     from state_engine.catalog import Catalog
-    from state_engine.jobs.inspect import COLUMNS, show_rows
+    from state_engine.jobs.state_inspect import COLUMNS, show_rows
     from state_engine.jobs.spark import build_spark
 
     settings = Settings.from_env()

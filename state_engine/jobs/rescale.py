@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from state_engine.backends.operator import (
+from state_engine.backends.operator_state import (
     OperatorStateMode,
     OperatorStateRow,
     group_by_subtask,

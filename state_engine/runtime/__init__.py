@@ -12,7 +12,7 @@ from state_engine.runtime.functions import (
     TimerService,
 )
 from state_engine.runtime.job import Job, JobGraph
-from state_engine.runtime.operator import KeyedProcessOperator
+from state_engine.runtime.keyed_operator import KeyedProcessOperator
 from state_engine.runtime.runner import JobResult, JobRunner
 from state_engine.runtime.sinks import (
     CollectedOutput,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import KeyedStateBackend
-from state_engine.backends.operator import OperatorStateBackend
+from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.state import HeapBackendFactory, RestoreMode, SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
@@ -24,7 +24,7 @@ from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
 from state_engine.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from state_engine.runtime.job import Job
-from state_engine.runtime.operator import KeyedProcessOperator
+from state_engine.runtime.keyed_operator import KeyedProcessOperator
 from state_engine.runtime.sinks import SinkWriter, new_attempt_id
 from state_engine.runtime.source_reader import SourceReader
 from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK, combined_watermark

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from state_engine.backends.operator import OperatorListState, OperatorStateBackend
+from state_engine.backends.operator_state import OperatorListState, OperatorStateBackend
 from state_engine.errors import InvalidJob, SinkCommitFailed
 from state_engine.serde import TypeSerializer, get_serializer
 

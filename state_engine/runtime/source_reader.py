@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from state_engine.backends.operator import OperatorStateBackend, SourceOffsets
+from state_engine.backends.operator_state import OperatorStateBackend, SourceOffsets
 from state_engine.runtime.sources import MalformedPolicy, PartitionReader, Source
 from state_engine.runtime.watermarks import PartitionWatermarks
 

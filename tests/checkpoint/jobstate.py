@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from state_engine.backends.base import KeyedStateBackend
-from state_engine.backends.operator import OperatorStateBackend
+from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.state import (
     HeapBackendFactory,
     RocksDBBackendFactory,

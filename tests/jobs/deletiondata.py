@@ -12,7 +12,7 @@ from typing import Any
 
 import fsspec.core
 
-from state_engine.backends.operator import OperatorStateBackend
+from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.state import HeapBackendFactory, RocksDBBackendFactory, SubtaskState

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state_engine.backends.heap import HeapKeyedStateBackend
-from state_engine.backends.operator import OperatorStateBackend
+from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint.canonical import CanonicalWriter, StateEntry, write_operator_state
 from state_engine.checkpoint.metadata import OperatorSnapshot, SnapshotFormat, SnapshotMetadata

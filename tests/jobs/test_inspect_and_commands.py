@@ -11,7 +11,7 @@ from jobdata import OP, T0, TTL_MS, make_snapshot
 from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
 from state_engine.jobs import __main__ as jobs_main
 from state_engine.jobs.commands import register
-from state_engine.jobs.inspect import parse_key, render, show_rows, snapshot_frame
+from state_engine.jobs.state_inspect import parse_key, render, show_rows, snapshot_frame
 from state_engine.keygroups import assign_to_key_group
 from state_engine.serde import IntSerializer, StrSerializer
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 from jobdata import MAX_P, OP, make_snapshot  # noqa: E402
 from sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of  # noqa: E402
 
-from state_engine.backends.operator import OperatorStateRow, redistribute  # noqa: E402
+from state_engine.backends.operator_state import OperatorStateRow, redistribute  # noqa: E402
 from state_engine.catalog import Catalog  # noqa: E402
 from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory  # noqa: E402
 from state_engine.checkpoint.metadata import FileKind, read_metadata, verify  # noqa: E402

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from state_engine.backends.operator import OperatorStateBackend, group_by_subtask
+from state_engine.backends.operator_state import OperatorStateBackend, group_by_subtask
 from state_engine.errors import SinkCommitFailed
 from state_engine.runtime import CollectedOutput, CollectSink, FileSink, SinkWriter
 from state_engine.runtime.sinks import Sink

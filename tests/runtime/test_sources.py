@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state_engine.backends.operator import OperatorStateBackend, group_by_subtask
+from state_engine.backends.operator_state import OperatorStateBackend, group_by_subtask
 from state_engine.errors import InvalidJob, MalformedRecord
 from state_engine.runtime import (
     GeneratorSource,

@@ -222,8 +222,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 def cmd_state_show(args: argparse.Namespace) -> int:
     from state_engine.catalog import Catalog
-    from state_engine.jobs.state_inspect import COLUMNS, show_rows
     from state_engine.jobs.spark import build_spark
+    from state_engine.jobs.state_inspect import COLUMNS, show_rows
 
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:

@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml requirements/overrides.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Statekeeper needs Python 3.11+, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
-	$(UV) pip install --python $(PY) --override requirements/overrides.txt -e '.[dev]'
+	$(UV) pip install --python $(PY) --override requirements/overrides.txt -e '.[dev,s3]'
 	@touch $(STAMP)
 
 demo: install

@@ -155,12 +155,17 @@ def run_maintenance(
         raise AirflowFailException(str(exc)) from exc
     log.info("%s run %s: %s (%s)", kind, run_id, target.mode, target.reason)
     ids = {"run_id": run_id, "dag_id": dag_id, "airflow_run_id": airflow_run_id}
+    from state_engine.jobs.spark import app_name
+
+    name = app_name(
+        kind, merged.get("job"), dag_id=dag_id, task_id=ti.task_id, airflow_run_id=airflow_run_id
+    )
     try:
         if target.in_process:
-            report = _run_in_process(kind, merged, ids, target, app_name=f"{dag_id}-{ti.task_id}")
+            report = _run_in_process(kind, merged, ids, target, app_name=name)
         else:
             report = _run_on_cluster(
-                kind, merged, ids, target, spark_conf, submit_kwargs, name=f"{dag_id}-{ti.task_id}"
+                kind, merged, ids, target, spark_conf, submit_kwargs, name=name, task_id=ti.task_id
             )
     except _permanent_errors() as exc:
         # retrying cannot fix a name, a parameter or a setting: fail now, with the job's message
@@ -212,6 +217,7 @@ def _run_on_cluster(
     submit_kwargs: Mapping[str, Any] | None,
     *,
     name: str,
+    task_id: str,
 ) -> dict[str, Any]:
     from state_engine.catalog import Catalog
     from state_engine.errors import NoSuchRun
@@ -231,6 +237,7 @@ def _run_on_cluster(
         run_id=run_id,
         dag_id=ids["dag_id"],
         airflow_run_id=ids["airflow_run_id"],
+        task_id=task_id,
     )
     hook = submit_hook(
         target,

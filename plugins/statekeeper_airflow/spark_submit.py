@@ -129,7 +129,7 @@ def local_session(master: str, app_name: str) -> tuple[SparkSession, bool]:
         return SparkSession.builder.getOrCreate(), False
     from state_engine.jobs.spark import build_spark
 
-    return build_spark(master=master, extra={"spark.app.name": app_name}), True
+    return build_spark(master=master, name=app_name), True
 
 
 # --- spark-submit ---
@@ -157,7 +157,13 @@ def param_names(kind: str) -> list[str]:
 
 
 def application_args(
-    kind: str, params: Mapping[str, Any], *, run_id: str, dag_id: str, airflow_run_id: str
+    kind: str,
+    params: Mapping[str, Any],
+    *,
+    run_id: str,
+    dag_id: str,
+    airflow_run_id: str,
+    task_id: str | None = None,
 ) -> list[str]:
     """``NAME --option value ...`` for spark-submit, built from the job's own parser so that
     option names (``savepoints`` is ``--savepoint``), flags and repeated options come out right."""
@@ -181,6 +187,8 @@ def application_args(
         elif value is not False:
             args += [option, str(value)]
     args += ["--run-id", run_id, "--dag-id", dag_id, "--airflow-run-id", airflow_run_id]
+    if task_id:
+        args += ["--task-id", task_id]
     return args
 
 

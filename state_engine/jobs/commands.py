@@ -17,7 +17,9 @@ from typing import Any
 from state_engine.config import Settings
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
-_NOT_PARAMS = {"handler", "command", "job_name", "maintain_command", "state_command", "json"}
+_NOT_PARAMS = {
+    "handler", "command", "job_name", "maintain_command", "state_command", "json", "task_id"
+}
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ def add_job_parsers(subparsers: Any, handler: Callable[[argparse.Namespace], int
         p.add_argument("--run-id", help="the run's id: the same id again never redoes a success")
         p.add_argument("--dag-id", help="Airflow DAG id (recorded with the run)")
         p.add_argument("--airflow-run-id", help="Airflow run id (recorded with the run)")
+        p.add_argument("--task-id", help="Airflow task id (in the Spark application's name)")
         p.set_defaults(handler=handler, job_name=spec.name)
 
 
@@ -205,11 +208,18 @@ def job_params(args: argparse.Namespace) -> dict[str, Any]:
 def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run the parsed job on the maintenance SparkSession against the configured catalog."""
     from state_engine.catalog import Catalog
-    from state_engine.jobs.spark import build_spark
+    from state_engine.jobs.spark import app_name, build_spark
 
     settings = Settings.from_env()
     runner = JOBS[args.job_name].runner()
-    spark = build_spark(settings)
+    name = app_name(
+        args.job_name,
+        getattr(args, "job", None),
+        dag_id=args.dag_id,
+        task_id=args.task_id,
+        airflow_run_id=args.airflow_run_id,
+    )
+    spark = build_spark(settings, name=name)
     with Catalog.from_settings(settings) as catalog:
         return runner(spark, catalog, settings=settings, **job_params(args))
 
@@ -222,7 +232,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 def cmd_state_show(args: argparse.Namespace) -> int:
     from state_engine.catalog import Catalog
-    from state_engine.jobs.spark import build_spark
+    from state_engine.jobs.spark import app_name, build_spark
     from state_engine.jobs.state_inspect import COLUMNS, show_rows
 
     settings = Settings.from_env()
@@ -230,7 +240,7 @@ def cmd_state_show(args: argparse.Namespace) -> int:
         # checked before Spark starts: a bad id should not cost a JVM
         catalog.get_snapshot(args.snapshot)
         rows = show_rows(
-            build_spark(settings),
+            build_spark(settings, name=app_name("state-show")),
             catalog,
             args.snapshot,
             state=args.state,

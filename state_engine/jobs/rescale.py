@@ -588,8 +588,12 @@ def run(
 ) -> JobResult:
     """Rescale snapshot ``snapshot`` to ``parallelism`` (and ``max_parallelism``, if new)."""
     record = catalog.get_snapshot(snapshot)
-    new_p, new_max = check_target(parallelism, max_parallelism, record.max_parallelism)
-    same = new_max == record.max_parallelism
+    # The job's recorded max parallelism is the one its next restore checks, and it may differ
+    # from an older snapshot's (an earlier rescale changed it): the default target is the job's,
+    # and only a rescale that leaves both unchanged may reuse the input's files.
+    job_max = catalog.get_job(record.job).max_parallelism
+    new_p, new_max = check_target(parallelism, max_parallelism, job_max)
+    same = new_max == record.max_parallelism == job_max
     if same and (kind or "CHECKPOINT").upper() != "CHECKPOINT":
         raise InvalidJobParams(
             "a rescale at the same max parallelism is a checkpoint over the input's files; a "

@@ -61,6 +61,42 @@ def check_reachable(url: str) -> str:
     return url
 
 
+def app_name(
+    kind: str | None = None,
+    job: str | None = None,
+    *,
+    dag_id: str | None = None,
+    task_id: str | None = None,
+    airflow_run_id: str | None = None,
+) -> str:
+    """The Spark application name of one maintenance run, as the master's UI lists it.
+
+    ``statekeeper-<kind>-<job>``, then ``[<dag>.<task> <run>]`` when Airflow runs it, so a row of
+    the master's application list says which job, which maintenance and which DAG task it was.
+    """
+    parts = ["statekeeper", *(p for p in (kind, job) if p)]
+    name = "-".join(parts) if len(parts) > 1 else APP_NAME
+    airflow = ".".join(p for p in (dag_id, task_id) if p)
+    if airflow or airflow_run_id:
+        name += f" [{' '.join(p for p in (airflow, airflow_run_id) if p)}]"
+    # control characters would garble the UI and spark-submit's --name argument
+    return "".join(c if c.isprintable() else "?" for c in name)[:200]
+
+
+def submitted_app_name() -> str | None:
+    """The ``--name`` spark-submit gave this driver, if it runs under spark-submit with one.
+
+    Without ``--name`` Spark names a Python application after its file (``__main__.py``), which
+    tells nobody anything: that counts as no name.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        return None
+    from pyspark import SparkConf
+
+    given = SparkConf().get("spark.app.name", None)
+    return None if not given or given.endswith(".py") else given
+
+
 def local_cores(master: str) -> int | None:
     """The cores of a ``local``/``local[n]``/``local[*]`` master; None for a cluster."""
     m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
@@ -86,6 +122,7 @@ def spark_conf(
     data_bytes: int | None = None,
     ui: bool = False,
     extra: dict[str, str] | None = None,
+    name: str | None = None,
 ) -> dict[str, str]:
     """The configuration a maintenance session starts with (``spark.master`` included)."""
     settings = settings or Settings.from_env()
@@ -98,7 +135,7 @@ def spark_conf(
     cores = local_cores(master) or 8
     conf = {
         "spark.master": master,
-        "spark.app.name": APP_NAME,
+        "spark.app.name": name or APP_NAME,
         "spark.ui.enabled": "true" if ui else "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -121,11 +158,13 @@ def build_spark(
     data_bytes: int | None = None,
     ui: bool = False,
     extra: dict[str, str] | None = None,
+    name: str | None = None,
 ) -> SparkSession:
     """The active SparkSession, or a new one configured by :func:`spark_conf`.
 
-    An already running session (spark-submit's, a test's) is returned as is: its static settings
-    cannot change, and a second session in one JVM would fight it for the same context.
+    An already running session (a test's) is returned as is: its static settings cannot change,
+    and a second session in one JVM would fight it for the same context. Under spark-submit the
+    operator's ``--name`` wins over ``name``.
     """
     from pyspark.sql import SparkSession
 
@@ -134,8 +173,9 @@ def build_spark(
         return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder: Any = SparkSession.builder
+    name = submitted_app_name() or name
     for key, value in spark_conf(
-        settings, master=master, data_bytes=data_bytes, ui=ui, extra=extra
+        settings, master=master, data_bytes=data_bytes, ui=ui, extra=extra, name=name
     ).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

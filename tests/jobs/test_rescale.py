@@ -171,6 +171,21 @@ def test_new_max_parallelism_rebuckets_and_restores_at_p4(
     assert multiset(target.records) == never_rescaled[0]
     assert state == never_rescaled[1]
 
+    # The older checkpoint is still at max parallelism 128 while the job is now at 256: a rescale
+    # of it with no max parallelism targets the job's, so the job can restore what it writes.
+    again = rescale.run(spark, catalog, snapshot=chk.id, parallelism=3, tasks=2, run_id="again")
+    out2 = catalog.get_snapshot(again["output_snapshot_id"])
+    assert out2.max_parallelism == 256 and again["stats"]["metadata_only"] is False
+    third = JobRunner(
+        _job(3, CollectSink(CollectedOutput()), HeapBackendFactory(), max_parallelism=256),
+        catalog=catalog,
+        storage=storage,
+        restore_from=out2.id,
+    )
+    with third:
+        assert third.run().finished
+        assert state_set(third.state_entries()) == never_rescaled[1]
+
 
 @pytest.mark.spark
 def test_bad_input_is_refused_recorded_and_creates_nothing(

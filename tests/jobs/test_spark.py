@@ -88,3 +88,17 @@ def test_build_spark_reuses_the_running_session(spark):
 
     assert pyspark.__version__ == "4.3.0"
     assert spark.range(3).count() == 3
+
+
+def test_the_application_name_says_which_job_maintenance_and_airflow_task_ran() -> None:
+    from state_engine.jobs.spark import app_name, spark_conf
+
+    name = app_name(
+        "rescale", "fraud", dag_id="statekeeper_rescale", task_id="rescale",
+        airflow_run_id="manual__2026-11-24T03:00:00",
+    )  # fmt: skip
+    expected = "statekeeper-rescale-fraud [statekeeper_rescale.rescale manual__2026-11-24T03:00:00]"
+    assert name == expected
+    assert app_name("expire", "j") == "statekeeper-expire-j"
+    assert "\n" not in app_name("expire", "a\nb")
+    assert spark_conf(master="local[1]", name=name)["spark.app.name"] == name

@@ -16,7 +16,7 @@ from state_engine.checkpoint.metadata import (
 from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
 from state_engine.jobs.run import RunTarget
-from state_engine.jobs.spark import check_reachable, spark_url
+from state_engine.jobs.spark import check_reachable
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,6 @@ class InputSnapshot:
 
     def keyed_files(self, operator: str) -> list[SnapshotFile]:
         return self.meta.files_of(operator, kinds=(FileKind.KEYED,))
-
-    def spark_urls(self, files: list[SnapshotFile]) -> list[str]:
-        return [spark_url(self.snapshot.fs.unstrip_protocol(self.snapshot.resolve(f.path)))
-                for f in files]  # fmt: skip
 
     @property
     def keyed_operators(self) -> list[str]:

@@ -1,14 +1,14 @@
 """Any COMPLETED canonical snapshot (checkpoint or savepoint) as a readable Spark DataFrame.
 
-Spark reads the snapshot's keyed Parquet files (the URLs ``_metadata`` lists, mapped to Spark's
-file systems); a ``mapInArrow`` task rebuilds the key and state serializers from their snapshots
-in ``_metadata`` and decodes every row. Columns: ``operator``, ``key_group``, ``state``, ``key``,
+One Spark task per keyed Parquet file reads it through the snapshot's own storage (fsspec, as
+every other job does: no Hadoop file system, so ``s3://`` needs no Hadoop jars) and rebuilds the
+key and state serializers from their snapshots in ``_metadata`` to decode every row. Columns: ``operator``, ``key_group``, ``state``, ``key``,
 ``namespace``, ``user_key``, ``value``, ``expires_at``. A decoded string is shown as is, any
 other value as JSON (bytes as hex); the void namespace is null; a list element's ``user_key`` is
 its position.
 
-A key filter turns the key into its key group first: only files whose index holds that key
-group are read, and Parquet statistics on ``key_group`` skip the other row groups.
+A key filter turns the key into its key group first: only the files and row groups whose index
+holds that key group are read.
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.metadata import SnapshotMetadata
+from state_engine.checkpoint.canonical import read_key_groups
+from state_engine.checkpoint.metadata import SnapshotFile, SnapshotMetadata
 from state_engine.errors import InvalidJobParams, SerializationError
 from state_engine.jobs.inputs import InputSnapshot, load_input
+from state_engine.jobs.snapshot_read import open_source
 from state_engine.keygroups import assign_to_key_group
 from state_engine.serde import TypeSerializer, serializer_from_snapshot
 
@@ -213,34 +216,48 @@ def _operator_frame(
     state: str | None,
     key: str | None,
 ) -> DataFrame | None:
-    from pyspark.sql import functions as F
-
-    files = inp.keyed_files(op)
-    condition = None
-    if key is not None:
-        key_ser = serializer_from_snapshot(specs[op]["key"])
-        typed = parse_key(key, key_ser)
-        key_group = assign_to_key_group(typed, inp.meta.max_parallelism)
-        files = [f for f in files if f.row_groups_for(key_group, key_group)]
-        condition = (F.col("key_group") == key_group) & (
-            F.col("key") == F.lit(bytearray(key_ser.serialize(typed)))
-        )
-    if state is not None:
-        by_state = F.col("state") == state
-        condition = by_state if condition is None else condition & by_state
+    files, key_groups, key_bytes = read_plan(inp, op, specs, key)
     if not files:
         return None
-    df = spark.read.parquet(*inp.spark_urls(files))
-    if condition is not None:
-        df = df.where(condition)
+    url, kind, meta = inp.url, inp.record.kind, inp.meta
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         decoder = _Decoder(specs)
+        snapshot = open_source(url, kind)
         for batch in batches:
-            if batch.num_rows:
-                yield decoder.batch(op, batch)
+            for i in batch.column(0).to_pylist():
+                for rows in read_key_groups(snapshot, meta, key_groups, files=[files[i]]):
+                    rows = _matching(rows, state, key_bytes)
+                    if rows.num_rows:
+                        yield decoder.batch(op, rows)
 
-    return df.mapInArrow(decode, SCHEMA)
+    return spark.range(0, len(files), 1, len(files)).mapInArrow(decode, SCHEMA)
+
+
+def read_plan(
+    inp: InputSnapshot, op: str, specs: dict[str, dict[str, Any]], key: str | None
+) -> tuple[list[SnapshotFile], tuple[int, int], bytes | None]:
+    """The keyed files of ``op`` to read, the key-group range within them, the serialized key.
+
+    With a key, only the files whose key-group index holds the key's key group.
+    """
+    files = inp.keyed_files(op)
+    if key is None:
+        return files, (0, inp.meta.max_parallelism - 1), None
+    key_ser = serializer_from_snapshot(specs[op]["key"])
+    typed = parse_key(key, key_ser)
+    kg = assign_to_key_group(typed, inp.meta.max_parallelism)
+    return [f for f in files if f.row_groups_for(kg, kg)], (kg, kg), key_ser.serialize(typed)
+
+
+def _matching(batch: pa.RecordBatch, state: str | None, key: bytes | None) -> pa.RecordBatch:
+    mask = None
+    if state is not None:
+        mask = pc.equal(batch.column("state"), state)
+    if key is not None:
+        by_key = pc.equal(batch.column("key"), pa.scalar(key, pa.binary()))
+        mask = by_key if mask is None else pc.and_(mask, by_key)
+    return batch if mask is None else batch.filter(mask)
 
 
 def show_rows(

@@ -11,7 +11,15 @@ from jobdata import OP, T0, TTL_MS, make_snapshot
 from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
 from state_engine.jobs import __main__ as jobs_main
 from state_engine.jobs.commands import register
-from state_engine.jobs.state_inspect import parse_key, render, show_rows, snapshot_frame
+from state_engine.jobs.inputs import load_input
+from state_engine.jobs.state_inspect import (
+    decoder_specs,
+    parse_key,
+    read_plan,
+    render,
+    show_rows,
+    snapshot_frame,
+)
 from state_engine.keygroups import assign_to_key_group
 from state_engine.serde import IntSerializer, StrSerializer
 
@@ -50,9 +58,10 @@ def test_key_filter_reads_only_its_key_group(spark, catalog, snapshot):
     )
     assert {r["key_group"] for r in rows} == {assign_to_key_group("user-7", 128)}
     # the files read are only those whose key-group index holds that key group
-    df = snapshot_frame(spark, catalog, snapshot.record.id, key="user-7")
-    files = df.inputFiles()
-    assert len(files) == 1
+    inp = load_input(catalog, snapshot.record.id)
+    files, key_groups, _ = read_plan(inp, OP, decoder_specs(inp.meta), "user-7")
+    assert len(files) == 1 and len(inp.keyed_files(OP)) > 1
+    assert key_groups == (assign_to_key_group("user-7", 128),) * 2
     only_count = show_rows(spark, catalog, snapshot.record.id, key="user-7", state="count")
     assert [(r["state"], r["value"]) for r in only_count] == [("count", "7")]
     assert show_rows(spark, catalog, snapshot.record.id, key="nobody") == []

@@ -1,11 +1,11 @@
 """Any COMPLETED canonical snapshot (checkpoint or savepoint) as a readable Spark DataFrame.
 
-One Spark task per keyed Parquet file reads it through the snapshot's own storage (fsspec, as
-every other job does: no Hadoop file system, so ``s3://`` needs no Hadoop jars) and rebuilds the
-key and state serializers from their snapshots in ``_metadata`` to decode every row. Columns: ``operator``, ``key_group``, ``state``, ``key``,
-``namespace``, ``user_key``, ``value``, ``expires_at``. A decoded string is shown as is, any
-other value as JSON (bytes as hex); the void namespace is null; a list element's ``user_key`` is
-its position.
+One Spark task per keyed Parquet file reads it through the snapshot's own storage (fsspec, as every
+other job does: no Hadoop file system, so ``s3://`` needs no Hadoop jars) and rebuilds the key and
+state serializers from their snapshots in ``_metadata`` to decode every row. Columns: ``operator``,
+``key_group``, ``state``, ``key``, ``namespace``, ``user_key``, ``value``, ``expires_at``. A
+decoded string is shown as is, any other value as JSON (bytes as hex); the void namespace is null;
+a list element's ``user_key`` is its position.
 
 A key filter turns the key into its key group first: only the files and row groups whose index
 holds that key group are read.

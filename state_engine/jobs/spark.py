@@ -83,18 +83,25 @@ def app_name(
     return "".join(c if c.isprintable() else "?" for c in name)[:200]
 
 
-def submitted_app_name() -> str | None:
-    """The ``--name`` spark-submit gave this driver, if it runs under spark-submit with one.
+def submitted_settings() -> dict[str, str]:
+    """``spark.master`` and ``spark.app.name`` as spark-submit gave them to this driver.
 
-    Without ``--name`` Spark names a Python application after its file (``__main__.py``), which
-    tells nobody anything: that counts as no name.
+    Empty when this Python process was not launched by spark-submit. Without ``--name`` Spark
+    names a Python application after its file (``__main__.py``), which tells nobody anything:
+    that counts as no name.
     """
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
-        return None
-    from pyspark import SparkConf
+        return {}
+    from pyspark import SparkConf, SparkContext
 
-    given = SparkConf().get("spark.app.name", None)
-    return None if not given or given.endswith(".py") else given
+    # Only a conf bound to the JVM sees spark-submit's settings (its system properties); under
+    # spark-submit that JVM is already running and this connects to it.
+    SparkContext._ensure_initialized()
+    conf = SparkConf()
+    given = {k: conf.get(k, None) for k in ("spark.master", "spark.app.name")}
+    if (given["spark.app.name"] or "").endswith(".py"):
+        given["spark.app.name"] = None
+    return {k: v for k, v in given.items() if v}
 
 
 def local_cores(master: str) -> int | None:
@@ -163,8 +170,8 @@ def build_spark(
     """The active SparkSession, or a new one configured by :func:`spark_conf`.
 
     An already running session (a test's) is returned as is: its static settings cannot change,
-    and a second session in one JVM would fight it for the same context. Under spark-submit the
-    operator's ``--name`` wins over ``name``.
+    and a second session in one JVM would fight it for the same context. Under spark-submit its
+    ``--master`` and ``--name`` win over the settings and ``name``.
     """
     from pyspark.sql import SparkSession
 
@@ -173,7 +180,10 @@ def build_spark(
         return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder: Any = SparkSession.builder
-    name = submitted_app_name() or name
+    # spark-submit's --master and --name win over the settings: the operator chose them
+    submitted = submitted_settings()
+    master = submitted.get("spark.master", master)
+    name = submitted.get("spark.app.name", name)
     for key, value in spark_conf(
         settings, master=master, data_bytes=data_bytes, ui=ui, extra=extra, name=name
     ).items():

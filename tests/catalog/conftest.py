@@ -8,13 +8,11 @@ are skipped, except under ``CI=true`` where that fails the run.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
@@ -35,38 +33,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
-
-
-def _pg_error() -> str | None:
-    try:
-        with psycopg.connect(PG_ADMIN_DSN, connect_timeout=3):
-            return None
-    except psycopg.Error as exc:
-        return str(exc).strip()
-
-
-@pytest.fixture(scope="session")
-def make_pg_database() -> Iterator[Callable[[], str]]:
-    """A factory of fresh, empty PostgreSQL databases (dropped when the session ends)."""
-    error = _pg_error()
-    if error is not None:
-        message = f"PostgreSQL at {PG_HOST} is unreachable ({error}); start it to run these tests"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    created: list[str] = []
-
-    def make() -> str:
-        name = f"sk_test_{secrets.token_hex(6)}"
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        created.append(name)
-        return f"postgresql+psycopg://{PG_HOST}/{name}"
-
-    yield make
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-        for name in created:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

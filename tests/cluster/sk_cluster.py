@@ -7,8 +7,9 @@ runs here is what the containers run, minus Docker.
 - S3: moto's server (an S3 API on a free port), a bucket for checkpoints.
 - Spark: a standalone master and two 1-core workers from the venv's pyspark (``bin/spark-class``),
   configured by ``docker/spark/spark-defaults.conf`` like the compose services.
-- Airflow: ``airflow db migrate`` on a fresh PostgreSQL database, then the scheduler (LocalExecutor),
-  the DAG processor and the API server, with the SimpleAuthManager and a known password.
+- Airflow: ``airflow db migrate`` on a fresh PostgreSQL database, then the scheduler
+  (LocalExecutor), the DAG processor and the API server, with the SimpleAuthManager and a known
+  password.
 
 Processes start in their own session and are stopped by PID (SIGTERM, then SIGKILL); their logs
 stay in the session's temporary directory and are printed when a wait fails.
@@ -273,7 +274,9 @@ def start_spark(workdir: Path, env: Mapping[str, str], workers: int = 2) -> Spar
     port, ui = free_port(), free_port()
     master = Service(
         "spark-master",
-        spark_class(MASTER_CLASS, "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)),
+        spark_class(
+            MASTER_CLASS, "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)
+        ),
         base_env(env),
         workdir / "spark-master.log",
     ).start()

@@ -245,7 +245,8 @@ def test_the_maintenance_dag_compacts_expires_and_cleans_on_the_cluster(
 def test_savepoint_and_ttl_dags_run_on_the_cluster(stack, airflow, catalog) -> None:
     latest = catalog.latest_snapshot(JOB)
     assert latest is not None and latest.format == "CANONICAL"
-    savepoint = trigger(airflow, "statekeeper_savepoint", {"job": JOB, "source_snapshot": latest.id})
+    conf = {"job": JOB, "source_snapshot": latest.id}
+    savepoint = trigger(airflow, "statekeeper_savepoint", conf)
     ttl = trigger(airflow, "statekeeper_ttl_cleanup", {"at": datetime.now(UTC).isoformat()})
     finished(airflow, "statekeeper_savepoint", savepoint)
     finished(airflow, "statekeeper_ttl_cleanup", ttl)

@@ -22,12 +22,11 @@ COPY --chown=airflow:0 state_engine ./state_engine
 # Editable, so the catalog finds migrations/ next to state_engine/ (see catalog/migrate.py).
 # Airflow stays at the base image's version. requirements/overrides.txt drops pyspark-client for
 # uv; pip has no overrides, so the full pyspark is reinstalled last and its files win, then checked.
-RUN pip install --no-cache-dir "apache-airflow==3.3.2" -e . "s3fs>=2024.6" \
+RUN pip install --no-cache-dir "apache-airflow==3.3.2" -e ".[s3]" \
     && pip install --no-cache-dir --no-deps --force-reinstall "pyspark==4.3.0" \
     && python -c "import pyspark, os; assert pyspark.__version__ == '4.3.0', pyspark.__version__; \
 assert os.path.exists(os.path.join(os.path.dirname(pyspark.__file__), 'jars', 'spark-core_2.13-4.3.0.jar'))"
 COPY --chown=airflow:0 docker ./docker
-RUN bash docker/fetch-s3a-jars.sh
 COPY --chown=airflow:0 dags /opt/airflow/dags
 COPY --chown=airflow:0 plugins /opt/airflow/plugins
 

@@ -123,7 +123,7 @@ def test_the_wiring_of_catalog_storage_and_spark(services: dict[str, dict[str, A
         catalog = env["STATEKEEPER_CATALOG_URL"]
         assert re.fullmatch(r"postgresql\+psycopg://\w+:[^@]+@postgres:5432/statekeeper", catalog)
         assert env["STATEKEEPER_CHECKPOINT_ROOT"] == "s3://statekeeper/checkpoints"
-        assert env["FSSPEC_S3_ENDPOINT_URL"] == "http://s3:9000"
+        assert env["AWS_ENDPOINT_URL"] == "http://s3:9000"
     # The bucket the checkpoints go to is the one s3-init creates.
     init = services["s3-init"]
     assert "mb --ignore-existing" in init["command"][0]
@@ -244,7 +244,7 @@ def test_the_dockerfile_pins_its_base_and_installs_java_and_the_project() -> Non
     [base] = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert base == f"apache/airflow:{version('apache-airflow')}-python3.11"
     assert "openjdk-17-jre-headless" in text
-    assert re.search(r"pip install [^\n]*-e \.", text)
+    assert re.search(r"pip install [^\n]*-e \"?\.\[s3\]", text)
     pinned = re.search(r'"pyspark==([\d.]+)"', text)
     assert pinned and pinned.group(1) == version("pyspark")
     assert f'"apache-airflow=={version("apache-airflow")}"' in text

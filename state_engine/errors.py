@@ -205,6 +205,22 @@ class SnapshotFileExists(CheckpointError, FileExistsError):
     """A snapshot file or ``_metadata`` that already exists: snapshot files are never rewritten."""
 
 
+class StorageUnavailable(CheckpointError):
+    """The checkpoint storage cannot be used: endpoint down, credentials refused, bucket missing."""
+
+
+class StorageUnreachable(StorageUnavailable, ConnectionError):
+    pass
+
+
+class StorageAccessDenied(StorageUnavailable, PermissionError):
+    pass
+
+
+class StorageBucketMissing(StorageUnavailable, FileNotFoundError):
+    pass
+
+
 class MissingMetadata(CheckpointError, FileNotFoundError):
     """A snapshot directory without ``_metadata``: the snapshot never committed."""
 
@@ -269,6 +285,10 @@ class SinkCommitFailed(JobError):
 
 class MaintenanceError(StatekeeperError):
     """Base class of errors raised by the Spark maintenance jobs."""
+
+
+class SparkMasterUnreachable(MaintenanceError, ConnectionError):
+    pass
 
 
 class StorageNotReachableFromSpark(MaintenanceError, ConfigurationError):

@@ -1,5 +1,10 @@
 """Named crash points: where the fault-injection suite kills a process to prove recovery.
 
+Pause points (:func:`pause_point`) are their companion for tests that must act *while* a
+process is at a known place (kill a Spark worker while its tasks run): armed by
+``STATEKEEPER_PAUSE_AT=name`` and ``STATEKEEPER_PAUSE_DIR=dir``, a process reaching the point
+creates ``dir/name.<pid>.reached`` and waits until ``dir/name.release`` exists.
+
 ``crash_point(name)`` does nothing unless the environment variable ``STATEKEEPER_CRASH_AT``
 names it when this module is imported. Then the process SIGKILLs itself on the spot, as a power
 cut or an OOM kill would: no ``finally``, no ``atexit``, no flush. The value is a comma-separated
@@ -17,6 +22,8 @@ import sys
 from state_engine.errors import InvalidCrashPoint
 
 ENV_VAR = "STATEKEEPER_CRASH_AT"
+PAUSE_ENV_VAR = "STATEKEEPER_PAUSE_AT"
+PAUSE_DIR_ENV_VAR = "STATEKEEPER_PAUSE_DIR"
 
 #: Every crash point the engine has, by the module that holds it. Adding one to the code means
 #: adding it here too; the fault suite checks both agree.
@@ -39,6 +46,11 @@ CRASH_POINTS: dict[str, str] = {
     "orphan_cleanup.after_delete": "state_engine.jobs.orphan_cleanup",
     "deletion.after_forget": "state_engine.jobs.deletion",
     "deletion.after_delete_one": "state_engine.jobs.deletion",
+}
+
+#: Every pause point, by the module that holds it (see the module docstring).
+PAUSE_POINTS: dict[str, str] = {
+    "spark.task.started": "state_engine.jobs.canonical_write",
 }
 
 
@@ -77,6 +89,23 @@ def crash_point(name: str) -> None:
     sys.stderr.write(f"statekeeper: crash point {name} (hit {hits}): SIGKILL\n")
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+_PAUSES = frozenset(p.strip() for p in os.environ.get(PAUSE_ENV_VAR, "").split(",") if p.strip())
+
+
+def pause_point(name: str) -> None:
+    """Wait here, if armed, until the test releases the point (see the module docstring)."""
+    if name not in _PAUSES:
+        return
+    import time
+    from pathlib import Path
+
+    folder = Path(os.environ[PAUSE_DIR_ENV_VAR])
+    (folder / f"{name}.{os.getpid()}.reached").touch()
+    release = folder / f"{name}.release"
+    while not release.exists():  # an event from the test: a file appears
+        time.sleep(0.05)
 
 
 def armed() -> dict[str, int]:

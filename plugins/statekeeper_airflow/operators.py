@@ -239,6 +239,13 @@ def _run_on_cluster(
         airflow_run_id=ids["airflow_run_id"],
         task_id=task_id,
     )
+    from state_engine.errors import SparkMasterUnreachable
+    from state_engine.jobs.spark import check_master_reachable
+
+    try:
+        check_master_reachable(target.master)
+    except SparkMasterUnreachable as exc:
+        raise AirflowException(f"{kind} run {run_id!r}: {exc}") from exc  # retried: may come back
     hook = submit_hook(
         target,
         kind,

@@ -38,6 +38,10 @@ from state_engine.errors import (
     MissingMetadata,
     MissingSnapshotFile,
     SnapshotFileExists,
+    StorageAccessDenied,
+    StorageBucketMissing,
+    StorageUnavailable,
+    StorageUnreachable,
     UnknownStorageScheme,
 )
 
@@ -177,6 +181,48 @@ def resolve_storage(url: str, storage_options: dict[str, Any] | None = None):
             f"use one of: {', '.join(known)}"
         ) from exc
     return fs, path.rstrip("/") or "/"
+
+
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
+                "ClientConnectorError", "ServerDisconnectedError")  # fmt: skip
+_REFUSED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidClientTokenId",
+            "ExpiredToken", "does not exist in our records", "signature we calculated")  # fmt: skip
+
+
+def storage_failure(exc: BaseException, url: str) -> StorageUnavailable | None:
+    """The Statekeeper error for an object store that cannot be used (None for anything else):
+    endpoint unreachable, credentials refused, bucket missing, each naming what to fix."""
+    seen: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in seen:
+        seen.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
+    if scheme not in _OBJECT_STORE_PROTOCOLS:
+        return None
+    endpoint = "AWS_ENDPOINT_URL" if scheme.startswith("s3") else "the storage endpoint"
+    for e in seen:
+        text = " ".join(str(e).split())[:300]
+        if isinstance(e, StorageUnavailable):
+            return e
+        if type(e).__name__ in _UNREACHABLE or isinstance(e, ConnectionRefusedError):
+            return StorageUnreachable(
+                f"checkpoint storage {url} is unreachable ({text}); check {endpoint} and that "
+                "the object store is running and reachable from this machine"
+            )
+        if "bucket does not exist" in text.lower() or "NoSuchBucket" in text:
+            bucket = url.split("://", 1)[-1].split("/", 1)[0]
+            return StorageBucketMissing(
+                f"bucket {bucket!r} of checkpoint storage {url} does not exist ({text}); create "
+                "it, or point STATEKEEPER_CHECKPOINT_ROOT at an existing bucket"
+            )
+        if isinstance(e, PermissionError) or any(code in text for code in _REFUSED):
+            return StorageAccessDenied(
+                f"checkpoint storage {url} refused the request ({text}); check the credentials "
+                "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the instance role) and that "
+                "they may read, write and list the bucket"
+            )
+    return None
 
 
 def _protocol(fs: AbstractFileSystem) -> str:
@@ -516,9 +562,30 @@ class CheckpointStorage:
         self.root_url = root_url
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = resolve_storage(root_url, self.storage_options)
+        if _protocol(self.fs) in _OBJECT_STORE_PROTOCOLS:
+            self.probe()
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.fs.unstrip_protocol(self.root)!r})"
+
+    def probe(self) -> None:
+        """Fail now, saying what to fix, if the storage is unreachable, refuses the credentials
+        or lacks its bucket; a root with nothing in it yet is fine (the first write makes it).
+
+        Object stores are probed when a storage is opened (one listing of the root), so a job
+        fails at its start instead of at its first checkpoint or in a Spark task.
+        """
+        try:
+            self.fs.ls(self.root, detail=False)
+        except FileNotFoundError as exc:
+            failure = storage_failure(exc, self.root_url)
+            if failure is not None:
+                raise failure from exc
+        except Exception as exc:
+            failure = storage_failure(exc, self.root_url)
+            if failure is None:
+                raise
+            raise failure from exc
 
     def url_of(self, relative_path: str = "") -> str:
         return self.fs.unstrip_protocol(self._abs(relative_path))

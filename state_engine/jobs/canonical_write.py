@@ -39,6 +39,7 @@ from state_engine.checkpoint.canonical import (
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import InvalidJobParams, SparkTaskFailed
+from state_engine.faults import pause_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 
 if TYPE_CHECKING:
@@ -224,6 +225,7 @@ class _TaskError:
 
 
 def _outcome(fn: Callable[[T], R], task: T) -> R | _TaskError:
+    pause_point("spark.task.started")
     try:
         return fn(task)
     except Exception as exc:

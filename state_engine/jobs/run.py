@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
+from state_engine.checkpoint.storage import storage_failure
 from state_engine.config import Settings
 from state_engine.errors import MaintenanceJobFailed, StatekeeperError
 from state_engine.jobs.commit import run_tag
@@ -128,12 +129,18 @@ def maintenance_job(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
             try:
                 result = body(spark, catalog, ctx, **params)
             except BaseException as exc:
+                # an object store failing under the job (endpoint, credentials, bucket) is said
+                # as what to fix, not as the client library's exception
+                failure = storage_failure(exc, ctx.settings.checkpoint_root)
+                if failure is not None and failure is not exc:
+                    failure.__cause__ = exc
+                    exc = failure
                 reason = str(exc) if isinstance(exc, StatekeeperError) else error_line(exc)
                 catalog.fail_run(
                     run_id, reason, stats={"duration_s": time.perf_counter() - started}
                 )
                 if isinstance(exc, StatekeeperError) or not isinstance(exc, Exception):
-                    raise
+                    raise exc
                 raise MaintenanceJobFailed(
                     f"{kind} run {run_id!r} failed: {reason}; it is recorded FAILED: fix the "
                     "cause and run it again with the same run id"

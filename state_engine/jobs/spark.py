@@ -11,12 +11,17 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from state_engine.config import Settings
-from state_engine.errors import ConfigurationError, StorageNotReachableFromSpark
+from state_engine.errors import (
+    ConfigurationError,
+    SparkMasterUnreachable,
+    StorageNotReachableFromSpark,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -104,6 +109,28 @@ def submitted_settings() -> dict[str, str]:
     return {k: v for k, v in given.items() if v}
 
 
+def check_master_reachable(master: str, timeout_s: float = 10.0) -> None:
+    """A standalone master (``spark://h1:p1,h2:p2``) that accepts no connection fails now.
+
+    Spark itself would retry registering for about a minute and then stop with "All masters
+    are unresponsive"; a refused connection says the same at once, with what to check.
+    """
+    if not master.startswith("spark://"):
+        return
+    errors = []
+    for hostport in master.removeprefix("spark://").split(","):
+        host, _, port = hostport.rpartition(":")
+        try:
+            with socket.create_connection((host or hostport, int(port or 7077)), timeout_s):
+                return
+        except (OSError, ValueError) as exc:
+            errors.append(f"{hostport}: {exc}")
+    raise SparkMasterUnreachable(
+        f"Spark master {master} is unreachable ({'; '.join(errors)}); check that the master "
+        "runs and the URL (STATEKEEPER_SPARK_MASTER, or the spark_default connection in Airflow)"
+    )
+
+
 def local_cores(master: str) -> int | None:
     """The cores of a ``local``/``local[n]``/``local[*]`` master; None for a cluster."""
     m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
@@ -184,6 +211,7 @@ def build_spark(
     submitted = submitted_settings()
     master = submitted.get("spark.master", master)
     name = submitted.get("spark.app.name", name)
+    check_master_reachable((master or (settings or Settings.from_env()).spark_master).strip())
     for key, value in spark_conf(
         settings, master=master, data_bytes=data_bytes, ui=ui, extra=extra, name=name
     ).items():

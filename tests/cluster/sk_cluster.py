@@ -93,6 +93,15 @@ def base_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, even if killed outright
+    (teardown then never runs), so no daemon outlives its session."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 @dataclass
 class Service:
     """One long-running process of the stack."""
@@ -114,6 +123,7 @@ class Service:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=self.log.parent,
+                preexec_fn=_die_with_parent,
             )
         return self
 
@@ -211,12 +221,14 @@ class S3Endpoint:
     url: str
     bucket: str
     service: Service
+    key: str = ""
+    secret: str = ""
 
     @property
     def env(self) -> dict[str, str]:
         return {
-            "AWS_ACCESS_KEY_ID": "statekeeper",
-            "AWS_SECRET_ACCESS_KEY": "statekeeper-secret",
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
             "AWS_ENDPOINT_URL": self.url,
             "AWS_DEFAULT_REGION": "us-east-1",
         }
@@ -224,23 +236,39 @@ class S3Endpoint:
     def fs(self) -> Any:
         import s3fs
 
-        env = self.env
         return s3fs.S3FileSystem(
-            key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
-            endpoint_url=self.url, skip_instance_cache=True,
-        )  # fmt: skip
+            key=self.key, secret=self.secret, endpoint_url=self.url, skip_instance_cache=True
+        )
+
+
+# moto checks credentials and IAM policies after this many requests: the three that create
+# the stack's user, its policy and its access key.
+_UNAUTHENTICATED_SETUP = ("create_user", "put_user_policy", "create_access_key")
 
 
 def start_s3(workdir: Path, bucket: str = "statekeeper") -> S3Endpoint:
+    """An S3 endpoint that checks credentials (wrong keys are refused, as by a real store)."""
+    import boto3
+
     port = free_port()
     service = Service(
         "s3",
         [str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        base_env({}),
+        base_env({"INITIAL_NO_AUTH_ACTION_COUNT": str(len(_UNAUTHENTICATED_SETUP))}),
         workdir / "s3.log",
     ).start()
-    endpoint = S3Endpoint(f"http://127.0.0.1:{port}", bucket, service)
+    url = f"http://127.0.0.1:{port}"
     wait_until(lambda: port_open(port), "the S3 endpoint", [service])
+    iam = boto3.client(
+        "iam", endpoint_url=url, region_name="us-east-1",
+        aws_access_key_id="setup", aws_secret_access_key="setup",
+    )  # fmt: skip
+    iam.create_user(UserName="statekeeper")
+    policy = {"Version": "2012-10-17",
+              "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}  # fmt: skip
+    iam.put_user_policy(UserName="statekeeper", PolicyName="s3", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="statekeeper")["AccessKey"]
+    endpoint = S3Endpoint(url, bucket, service, key["AccessKeyId"], key["SecretAccessKey"])
     endpoint.fs().mkdir(bucket)
     return endpoint
 
@@ -354,6 +382,8 @@ def airflow_env(
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # Only the runs a test triggers: unpausing the hourly DAG must not add a scheduled run.
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
             # Host with its scheme, port apart, exactly as in docker-compose.yml.
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
                 {"conn_type": "spark", "host": host, "port": int(spark_port)}

@@ -15,7 +15,6 @@ The tests run in this order and build on each other (module-scoped state).
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from collections import Counter
@@ -25,61 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sk_clicks import clicks_job
 from sk_cluster import APPLICATION, AirflowDeployment, base_env, wait_until
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint import HeapBackendFactory
-from state_engine.runtime import (
-    CollectedOutput,
-    CollectSink,
-    Context,
-    GeneratorSource,
-    Job,
-    JobRunner,
-    KeyedProcessFunction,
-    RuntimeContext,
-    WatermarkStrategy,
-)
-from state_engine.state import MapStateDescriptor, ValueStateDescriptor
+from state_engine.runtime import CollectedOutput, CollectSink, JobRunner
 
 JOB = "clicks"
-PARTITIONS, PER_PARTITION = 2, 600
 EVERY, KILL_AT = 150, 800
 TERMINAL = {"success", "failed"}
-
-
-def click(partition: int, index: int, rng: random.Random) -> dict[str, Any]:
-    user, page = f"u{rng.randrange(40):02d}", rng.choice("abcde")
-    return {"user": user, "page": page, "ts": 1_700_000_000_000 + 100 * index}
-
-
-class ClickCounts(KeyedProcessFunction):
-    """Per user a running click count and per page a count; every click emits the new count."""
-
-    def open(self, ctx: RuntimeContext) -> None:
-        self.count = ctx.get_state(ValueStateDescriptor("count", int, default=0))
-        self.pages = ctx.get_state(MapStateDescriptor("pages", str, int))
-
-    def process(self, record: dict[str, Any], ctx: Context) -> None:
-        count = self.count.value() + 1
-        self.count.update(count)
-        self.pages.put(record["page"], (self.pages.get(record["page"]) or 0) + 1)
-        ctx.output(f"{ctx.current_key}:{count}")
-
-
-def clicks_job(parallelism: int, sink: CollectSink, **kw: Any) -> Job:
-    return Job(
-        JOB,
-        GeneratorSource(
-            PARTITIONS, PER_PARTITION, click, seed=5, watermarks=WatermarkStrategy("ts")
-        ),
-        lambda r: r["user"],
-        ClickCounts(),
-        sink,
-        parallelism=parallelism,
-        backend=HeapBackendFactory(),
-        **kw,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -107,3 +107,18 @@ def test_docker_compose_config_validates_when_a_compose_cli_is_present(tmp_path:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_the_readme_runs_the_stack_without_docker_as_the_cluster_test_does() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### The same stack without Docker", 1)[1]
+    block = section.split("```", 2)[1]
+    assert "moto_server -H 127.0.0.1" in block
+    assert "SPARK_CONF_DIR=$PWD/docker/spark" in block
+    assert f"{MASTER_CLASS} --host 127.0.0.1" in block and f"{WORKER_CLASS} --cores 1" in block
+    for argv in AIRFLOW_COMMANDS:
+        assert "airflow " + " ".join(argv) in block
+    for name in ("AIRFLOW__CORE__EXECUTOR=LocalExecutor", "AIRFLOW_CONN_SPARK_DEFAULT="):
+        assert name in block
+    for name in S3_ENV[:3] + STATEKEEPER_ENV:
+        assert name in readme.split("## Running on a cluster", 1)[1]

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -53,3 +54,32 @@ def test_parse() -> None:
     for bad in ("a:0", "a:x", ":2", "a:"):
         with pytest.raises(InvalidCrashPoint, match="name:N"):
             faults.parse(bad)
+
+
+def test_a_pause_point_waits_for_its_release_file(tmp_path) -> None:
+    program = (
+        "from state_engine.faults import pause_point\n"
+        "pause_point('other')\n"
+        "pause_point('here')\n"
+        "print('released', flush=True)\n"
+    )
+    env = {**os.environ, faults.PAUSE_ENV_VAR: "here", faults.PAUSE_DIR_ENV_VAR: str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], env=env, stdout=subprocess.PIPE, text=True
+    )
+    reached = tmp_path / f"here.{proc.pid}.reached"
+    while not reached.exists():  # the event: the child is at the point
+        assert proc.poll() is None, "the child ended before reaching its pause point"
+        time.sleep(0.02)
+    assert proc.poll() is None  # it waits ...
+    (tmp_path / "here.release").touch()
+    out, _ = proc.communicate(timeout=120)  # ... until released
+    assert proc.returncode == 0 and out == "released\n"
+
+
+def test_every_pause_point_is_registered_where_it_is() -> None:
+    import importlib
+    import inspect
+
+    for name, module in faults.PAUSE_POINTS.items():
+        assert f'pause_point("{name}")' in inspect.getsource(importlib.import_module(module))

@@ -1,0 +1,55 @@
+"""The cluster tests' stream job: per user a running click count (ValueState) and clicks per
+page (MapState); every click emits the user's new count, so the output proves exactly-once."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from state_engine.checkpoint import HeapBackendFactory
+from state_engine.runtime import (
+    CollectSink,
+    Context,
+    GeneratorSource,
+    Job,
+    KeyedProcessFunction,
+    RuntimeContext,
+    WatermarkStrategy,
+)
+from state_engine.state import MapStateDescriptor, ValueStateDescriptor
+
+PARTITIONS, PER_PARTITION = 2, 600
+
+
+def click(partition: int, index: int, rng: random.Random) -> dict[str, Any]:
+    user, page = f"u{rng.randrange(40):02d}", rng.choice("abcde")
+    return {"user": user, "page": page, "ts": 1_700_000_000_000 + 100 * index}
+
+
+class ClickCounts(KeyedProcessFunction):
+    """Per user a running click count and per page a count; every click emits the new count."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", int, default=0))
+        self.pages = ctx.get_state(MapStateDescriptor("pages", str, int))
+
+    def process(self, record: dict[str, Any], ctx: Context) -> None:
+        count = self.count.value() + 1
+        self.count.update(count)
+        self.pages.put(record["page"], (self.pages.get(record["page"]) or 0) + 1)
+        ctx.output(f"{ctx.current_key}:{count}")
+
+
+def clicks_job(parallelism: int, sink: CollectSink, job: str = "clicks", **kw: Any) -> Job:
+    return Job(
+        job,
+        GeneratorSource(
+            PARTITIONS, PER_PARTITION, click, seed=5, watermarks=WatermarkStrategy("ts")
+        ),
+        lambda r: r["user"],
+        ClickCounts(),
+        sink,
+        parallelism=parallelism,
+        backend=HeapBackendFactory(),
+        **kw,
+    )

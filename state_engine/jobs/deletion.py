@@ -223,7 +223,9 @@ class FileLease:
                         "it is released, or pass wait=True / --wait to wait for it"
                     ) from exc
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                # a deleter told to wait polls at least once, however short the wait or slow
+                # the machine, so "waited N s" is always true of it
+                if remaining <= 0 and self.waited:
                     raise DeletionLeaseTimeout(
                         f"{self.kind} of job {self.job!r} waited {self.wait:g} s for the file "
                         f"lease {self.name!r}, still held by {who}; nothing was deleted: run "
@@ -232,7 +234,7 @@ class FileLease:
                 self.waited = True
                 hooks.call("on_lease_wait", self.kind, self.job)
                 # the catalog offers no notification, so poll; the stop event never fires here
-                self._stop.wait(min(POLL_S, remaining))
+                self._stop.wait(max(0.0, min(POLL_S, remaining)))
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):

@@ -19,6 +19,10 @@
    of keys: keys per second of each.
 
 Prints one JSON object on its last line; ``targets`` holds each job against its baseline.
+
+``--master spark://HOST:PORT`` instead times every job on ``local[2]`` and on that standalone
+cluster over the same data (on this machine's disk, which a cluster on this machine shares) and
+prints the cluster / local[2] ratio of each.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from state_engine.jobs import compaction, rescale, savepoint, ttl_cleanup
 from state_engine.jobs.canonical_write import RangeOutput, WriteRange
 from state_engine.jobs.commit import OutputSnapshot, begin_output, build_metadata, commit_output
 from state_engine.jobs.inputs import load_input
-from state_engine.jobs.spark import build_spark
+from state_engine.jobs.spark import build_spark, spark_url
 from state_engine.keygroups import compute_key_group_range_for_operator_index, key_groups_for_hashes
 from state_engine.serde import BytesSerializer, StrSerializer
 from state_engine.state import StateKind, StateMetaInfo, StateTtlConfig
@@ -243,6 +247,12 @@ def generate_delta(catalog: Catalog, storage: CheckpointStorage, base: Any, ever
     return commit_output(catalog, out, new_meta, [])
 
 
+def keyed_urls(inp: Any) -> list[str]:
+    """The snapshot's keyed files as Spark (Hadoop) URLs, for the plain Spark baseline."""
+    snap = inp.snapshot
+    return [spark_url(snap.fs.unstrip_protocol(snap.resolve(f.path))) for f in inp.keyed_files(OP)]
+
+
 def timed(fn: Any) -> tuple[float, Any]:
     started = time.perf_counter()
     result = fn()
@@ -303,16 +313,93 @@ def streaming_repartition(spark: Any, keys: int, work: Path) -> dict[str, Any]:
     }
 
 
+def job_times(spark: Any, catalog: Catalog, settings: Settings, record: Any, delta: Any,
+              repeats: int) -> dict[str, float]:  # fmt: skip
+    """The median time of each maintenance job on ``spark``, over the same input."""
+    kw = {"settings": settings}
+    runs = {
+        "ttl_cleanup": lambda: ttl_cleanup.run(spark, catalog, snapshot=record.id, at=AT, **kw),
+        "compaction": lambda: compaction.run(
+            spark, catalog, snapshot=delta.id, release=False, **kw
+        ),
+        "savepoint": lambda: savepoint.run(spark, catalog, snapshot=record.id, at=AT, **kw),
+        "rescale_same_max_p": lambda: rescale.run(
+            spark, catalog, snapshot=record.id, parallelism=6, **kw
+        ),
+    }
+    times = {name: statistics.median(timed(run)[0] for _ in range(repeats))
+             for name, run in runs.items()}  # fmt: skip
+    # last: it moves the job to max parallelism 256
+    times["rescale_new_max_p"] = timed(
+        lambda: rescale.run(
+            spark, catalog, snapshot=record.id, parallelism=8, max_parallelism=256, **kw
+        )
+    )[0]
+    return times
+
+
+def compare_masters(master: str, keys: int, repeats: int, rg_bytes: int) -> dict[str, Any]:
+    """Each job on ``local[2]`` and on the cluster at ``master`` (same data, one job each, files
+    on this machine's disk, which the cluster's workers share): the cluster / local[2] ratios."""
+    from pyspark.sql import SparkSession
+
+    work = Path(tempfile.mkdtemp(prefix="sk-bench-maint-cluster-"))
+    try:
+        catalog_url = f"sqlite:///{work / 'catalog.db'}"
+        upgrade(catalog_url)
+        storage = CheckpointStorage((work / "checkpoints").as_uri())
+        times: dict[str, dict[str, float]] = {}
+        with Catalog.open(catalog_url) as catalog:
+            for where in ("local[2]", master):
+                job = "local" if where == "local[2]" else "cluster"
+                record = generate(catalog, storage, keys, rg_bytes, job=job)
+                delta = generate_delta(catalog, storage, record, 100)
+                settings = Settings.from_env(
+                    {"STATEKEEPER_HOME": str(work), "STATEKEEPER_CATALOG_URL": catalog_url,
+                     "STATEKEEPER_CHECKPOINT_ROOT": storage.root_url,
+                     "STATEKEEPER_SPARK_MASTER": where}
+                )  # fmt: skip
+                spark = build_spark(settings, data_bytes=record.bytes, name=f"bench-{job}")
+                spark.sparkContext.setLogLevel("ERROR")
+                job_times(spark, catalog, settings, record, delta, 1)  # warm-up: JVMs, workers
+                record = generate(catalog, storage, keys, rg_bytes, job=f"{job}-timed")
+                delta = generate_delta(catalog, storage, record, 100)
+                times[job] = job_times(spark, catalog, settings, record, delta, repeats)
+                spark.stop()
+                SparkSession._instantiatedSession = None  # the next master gets a new session
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = {name: round(times["cluster"][name] / times["local"][name], 3)
+              for name in times["local"]}  # fmt: skip
+    return {
+        "bench": "maintenance-cluster",
+        "master": master,
+        "keys": keys,
+        "seconds": {k: {n: round(t, 3) for n, t in v.items()} for k, v in times.items()},
+        "cluster_over_local2": ratios,
+        "targets": [],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small state (CI smoke run)")
     parser.add_argument("--keys", type=int, help="keys (2 rows each); default by --quick")
     parser.add_argument("--repeats", type=int, help="timed runs of each job (median)")
     parser.add_argument("--no-streaming", action="store_true", help="skip baseline (b)")
+    parser.add_argument(
+        "--master",
+        help="a standalone master (spark://host:7077): time every job there and on local[2], "
+        "same data, and report the cluster / local[2] ratio of each",
+    )
     args = parser.parse_args()
     keys = args.keys or (100_000 if args.quick else 4_000_000)
     repeats = args.repeats or (3 if args.quick else 2)
     rg_bytes = (128 << 10) if args.quick else (1 << 20)
+    if args.master:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        print(json.dumps(compare_masters(args.master, keys, repeats, rg_bytes)))
+        return
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="sk-bench-maint-"))
     try:
@@ -336,8 +423,7 @@ def main() -> None:
                 settings, data_bytes=record.bytes, extra={"spark.driver.memory": "4g"}
             )
             spark.sparkContext.setLogLevel("ERROR")
-            inp = load_input(catalog, record.id)
-            urls = inp.spark_urls(inp.keyed_files(OP))
+            urls = keyed_urls(load_input(catalog, record.id))
             # warm-up: JVM, Python workers and the Parquet reader, so neither side pays for them
             spark.read.parquet(*urls).limit(1000).mapInArrow(lambda it: it, spark.read.parquet(
                 *urls).schema).count()  # fmt: skip

@@ -304,7 +304,12 @@ class SnapshotFileWriter:
                     f"snapshot file {self._relative!r} in {self._where} was aborted; write it "
                     "again under a new name"
                 )
-            self._file.close()
+            try:
+                self._file.close()
+            except FileExistsError as exc:  # an object store refused the conditional PUT
+                if isinstance(exc, SnapshotFileExists):
+                    raise
+                raise _exists(self._fs, self._abs, self._where) from exc
             self._info = FileInfo(self._relative, self._size, format_checksum(self._crc))
         return self._info
 
@@ -409,10 +414,14 @@ def _open_exclusive(fs: AbstractFileSystem, abs_path: str, where: str) -> Any:
                 raise FileExistsError(abs_path) from exc
             return fs.open(abs_path, "wb")
     except FileExistsError as exc:
-        raise SnapshotFileExists(
-            f"{fs.unstrip_protocol(abs_path)} already exists in snapshot {where}; snapshot files "
-            "are never overwritten: write under a new name (new_file_name()) or a new snapshot"
-        ) from exc
+        raise _exists(fs, abs_path, where) from exc
+
+
+def _exists(fs: AbstractFileSystem, abs_path: str, where: str) -> SnapshotFileExists:
+    return SnapshotFileExists(
+        f"{fs.unstrip_protocol(abs_path)} already exists in snapshot {where}; snapshot files "
+        "are never overwritten: write under a new name (new_file_name()) or a new snapshot"
+    )
 
 
 class SnapshotDir:
@@ -530,8 +539,12 @@ class SnapshotDir:
         if self.fs.exists(final):
             raise exists_error
         if _protocol(self.fs) in _OBJECT_STORE_PROTOCOLS:
-            with _open_exclusive(self.fs, final, self.url) as f:
-                f.write(data)
+            # one PUT with If-None-Match: the store refuses it if another commit got there first
+            try:
+                with _open_exclusive(self.fs, final, self.url) as f:
+                    f.write(data)
+            except FileExistsError as exc:
+                raise exists_error from exc
             return
         temp = posixpath.join(self.path, f"{METADATA_FILE}.inprogress-{uuid.uuid4().hex}")
         with _open_exclusive(self.fs, temp, self.url) as f:

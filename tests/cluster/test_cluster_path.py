@@ -200,7 +200,8 @@ def test_savepoint_and_ttl_dags_run_on_the_cluster(stack, airflow, catalog) -> N
     assert latest is not None and latest.format == "CANONICAL"
     conf = {"job": JOB, "source_snapshot": latest.id}
     savepoint = trigger(airflow, "statekeeper_savepoint", conf)
-    ttl = trigger(airflow, "statekeeper_ttl_cleanup", {"at": datetime.now(UTC).isoformat()})
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    ttl = trigger(airflow, "statekeeper_ttl_cleanup", {"at": now_ms})
     finished(airflow, "statekeeper_savepoint", savepoint)
     finished(airflow, "statekeeper_ttl_cleanup", ttl)
     [sp_run] = [r for r in catalog.list_runs(job=JOB) if r.airflow_run_id == savepoint]

@@ -17,7 +17,7 @@ from pathlib import Path
 from sk_clicks import clicks_job
 from sk_cluster import APPLICATION, base_env, wait_until
 
-from state_engine.catalog import Catalog
+from state_engine.catalog import Catalog, upgrade
 from state_engine.faults import PAUSE_DIR_ENV_VAR, PAUSE_ENV_VAR
 from state_engine.runtime import CollectedOutput, CollectSink, JobRunner
 
@@ -25,10 +25,15 @@ JOB = "worker-loss"
 POINT = "spark.task.started"
 
 
-def test_a_worker_killed_mid_job_loses_nothing(stack, tmp_path: Path, monkeypatch) -> None:
+def test_a_worker_killed_mid_job_loses_nothing(
+    stack, make_pg_database, tmp_path: Path, monkeypatch
+) -> None:
     for name, value in stack.s3.env.items():
         monkeypatch.setenv(name, value)
-    with Catalog.open(stack.catalog_url) as catalog:
+    catalog_url = make_pg_database()  # its own: the DAG tests' maintenance sees every job
+    upgrade(catalog_url)
+    env = base_env({**stack.env, "STATEKEEPER_CATALOG_URL": catalog_url})
+    with Catalog.open(catalog_url) as catalog:
         runner = JobRunner(
             clicks_job(2, CollectSink(CollectedOutput()), job=JOB,
                        checkpoint_interval_records=400),
@@ -51,7 +56,7 @@ def test_a_worker_killed_mid_job_loses_nothing(stack, tmp_path: Path, monkeypatc
             str(APPLICATION), "rescale", "--snapshot", str(source.id), "--parallelism", "3",
             "--max-parallelism", "256", "--tasks", "4", "--run-id", "worker-loss",
         ],  # fmt: skip
-        env=base_env(stack.env),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -79,13 +84,13 @@ def test_a_worker_killed_mid_job_loses_nothing(stack, tmp_path: Path, monkeypatc
     assert submit.returncode == 0, err[-4000:]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["status"] == "SUCCEEDED"
-    with Catalog.open(stack.catalog_url) as catalog:
+    with Catalog.open(catalog_url) as catalog:
         out_snap = catalog.get_snapshot(report["output_snapshot_id"])
         assert out_snap.status == "COMPLETED" and out_snap.max_parallelism == 256
         assert not catalog.list_snapshots(JOB, status="PENDING")
         assert out_snap.entries == catalog.get_snapshot(source.id).entries
     verify = subprocess.run(
         [str(Path(sys.executable).with_name("statectl")), "verify", JOB],
-        env=base_env(stack.env), capture_output=True, text=True, check=False,
+        env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert verify.returncode == 0, verify.stdout + verify.stderr

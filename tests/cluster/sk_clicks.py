@@ -1,5 +1,6 @@
-"""The cluster tests' stream job: per user a running click count (ValueState) and clicks per
-page (MapState); every click emits the user's new count, so the output proves exactly-once."""
+"""The cluster tests' stream job: per user a running click count (ValueState), clicks per page
+(MapState) and the last page seen (ValueState with a one-day TTL, so TTL cleanup has work); every
+click emits the user's new count, so the output proves exactly-once."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from state_engine.runtime import (
     RuntimeContext,
     WatermarkStrategy,
 )
-from state_engine.state import MapStateDescriptor, ValueStateDescriptor
+from state_engine.state import MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 
 PARTITIONS, PER_PARTITION = 2, 600
+DAY_MS = 86_400_000
 
 
 def click(partition: int, index: int, rng: random.Random) -> dict[str, Any]:
@@ -32,11 +34,15 @@ class ClickCounts(KeyedProcessFunction):
     def open(self, ctx: RuntimeContext) -> None:
         self.count = ctx.get_state(ValueStateDescriptor("count", int, default=0))
         self.pages = ctx.get_state(MapStateDescriptor("pages", str, int))
+        self.last_page = ctx.get_state(
+            ValueStateDescriptor("last_page", str).enable_time_to_live(StateTtlConfig(DAY_MS))
+        )
 
     def process(self, record: dict[str, Any], ctx: Context) -> None:
         count = self.count.value() + 1
         self.count.update(count)
         self.pages.put(record["page"], (self.pages.get(record["page"]) or 0) + 1)
+        self.last_page.update(record["page"])
         ctx.output(f"{ctx.current_key}:{count}")
 
 

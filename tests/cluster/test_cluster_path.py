@@ -209,6 +209,7 @@ def test_savepoint_and_ttl_dags_run_on_the_cluster(stack, airflow, catalog) -> N
     assert out.kind == "SAVEPOINT" and out.location.startswith("s3://")
     [ttl_run] = [r for r in catalog.list_runs(job=JOB) if r.airflow_run_id == ttl]
     assert ttl_run.kind == "ttl_cleanup" and ttl_run.status == "SUCCEEDED"
+    assert catalog.get_snapshot(ttl_run.output_snapshot_id).location.startswith("s3://")
     assert spark_apps(stack, f"statekeeper-savepoint-{JOB} [statekeeper_savepoint.")
     assert spark_apps(stack, f"statekeeper-ttl_cleanup-{JOB} [statekeeper_ttl_cleanup.")
 
@@ -252,3 +253,22 @@ def test_state_show_reads_a_snapshot_on_s3_with_spark_on_the_cluster(stack, cata
     assert done.returncode == 0, done.stderr[-4000:]
     [row] = json.loads(done.stdout)
     assert row["key"] == "u07" and row["state"] == "count" and int(row["value"]) > 0
+
+
+def test_every_application_ran_on_the_master_and_the_objects_it_wrote(stack, catalog) -> None:
+    """What ran where, kept beside the logs (``summary.json``) for whoever reads a failed run."""
+    apps = stack.spark.applications()
+    assert apps and all(a["state"] == "FINISHED" for a in apps), apps
+    snapshots = {
+        s.id: {"kind": s.kind, "format": s.format, "location": s.location}
+        for s in catalog.list_snapshots(JOB)
+    }
+    summary = {
+        "applications": [{"id": a["id"], "name": a["name"]} for a in apps],
+        "runs": [
+            {"kind": r.kind, "dag": r.dag_id, "output": snapshots.get(r.output_snapshot_id)}
+            for r in catalog.list_runs(job=JOB)
+        ],
+        "objects": s3_objects(stack, f"checkpoints/{JOB}"),
+    }
+    (stack.workdir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -45,6 +45,12 @@ MIGRATIONS_DIR = _migrations_dir()
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic config pointing at ``migrations/``, whatever the current directory is."""
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        # Alembic would say "use the 'init' command", the wrong fix for a broken install.
+        raise CatalogVersionMismatch(
+            f"the catalog's migration scripts are missing from {MIGRATIONS_DIR}; "
+            "reinstall statekeeper"
+        )
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if connection is not None:

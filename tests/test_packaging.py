@@ -147,6 +147,21 @@ def test_the_wheel_installs_the_engine_alone_then_the_airflow_plugin(tmp_path: P
         [(revision,)] = db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall()
     assert revision == head_revision()
     assert "at head" in _run([statectl, "catalog", "current"], env, tmp_path)
+    # What an extra brings, asked of the engine alone: one line naming the extra, no traceback.
+    for argv, extra_env, extra in (
+        ([statectl, "maintain", "expire", "--job", "j"], {}, "spark"),
+        (
+            [statectl, "catalog", "upgrade"],
+            {"STATEKEEPER_CATALOG_URL": "postgresql://nobody@127.0.0.1:5432/none"},
+            "postgres",
+        ),
+    ):
+        done = subprocess.run(
+            argv, env={**env, **extra_env}, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+        assert f"pip install 'statekeeper[{extra}]'" in done.stderr
 
     # 2. [airflow]: the plugin through the entry point, and no duplicate beside a plugins folder.
     _run([*install, f"{wheel}[airflow]"], env, tmp_path)

@@ -10,11 +10,12 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/overrides.txt
+# Every extra (Spark, Airflow, S3, PostgreSQL) and the test tools: what `make test` needs.
+$(STAMP): pyproject.toml setup.py requirements/overrides.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Statekeeper needs Python 3.11+, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
-	$(UV) pip install --python $(PY) --override requirements/overrides.txt -e '.[dev,s3]'
+	$(UV) pip install --python $(PY) --override requirements/overrides.txt -e '.[all,dev]'
 	@touch $(STAMP)
 
 demo: install

@@ -290,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The engine installs without these (pyproject.toml's extras); a command that needs one says which.
+_EXTRA_OF = {"pyspark": "spark", "pandas": "spark", "psycopg": "postgres", "s3fs": "s3"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -301,6 +305,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args) or 0)
     except StatekeeperError as exc:
         print(f"statectl: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"statectl: error: this needs {exc.name}, which is not installed; "
+            f"install statekeeper's [{extra}] extra: pip install 'statekeeper[{extra}]'",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -244,7 +244,11 @@ def test_the_dockerfile_pins_its_base_and_installs_java_and_the_project() -> Non
     [base] = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert base == f"apache/airflow:{version('apache-airflow')}-python3.11"
     assert "openjdk-17-jre-headless" in text
-    assert re.search(r"pip install [^\n]*-e \"?\.\[s3\]", text)
+    # The image installs the built wheel with every extra, not an editable tree.
+    assert re.search(r"pip wheel [^\n]*--no-deps", text)
+    assert re.search(r"pip install [^\n]*\"\$1\[all\]\"", text)
+    assert "set -- /tmp/dist/statekeeper-*.whl" in text
+    assert not re.search(r"pip install [^\n]*\s-e\s", text)
     pinned = re.search(r'"pyspark==([\d.]+)"', text)
     assert pinned and pinned.group(1) == version("pyspark")
     assert f'"apache-airflow=={version("apache-airflow")}"' in text

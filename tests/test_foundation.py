@@ -12,8 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pinned(distribution: str) -> str:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    for dep in deps:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    # pyspark is pinned in the [spark] extra; the engine alone does not depend on it.
+    extras = project.get("optional-dependencies", {}).values()
+    for dep in [*project["dependencies"], *(d for deps in extras for d in deps)]:
         match = re.fullmatch(rf"{re.escape(distribution)}==([\w.]+)", dep)
         if match:
             return match.group(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,11 +28,29 @@ from state_engine.errors import CatalogUnreachable, CatalogVersionMismatch
 
 # Its own version table, so the catalog can live in the same database as Airflow's metadata.
 VERSION_TABLE = "statekeeper_alembic_version"
-MIGRATIONS_DIR = Path(state_engine.__file__).resolve().parent.parent / "migrations"
+
+
+def _migrations_dir() -> Path:
+    """Alembic's scripts: the package ``statekeeper_migrations`` (``migrations/`` shipped in the
+    wheel, or the checkout's own through an editable install), else ``migrations/`` next to
+    ``state_engine/`` (a checkout on sys.path with nothing installed)."""
+    spec = importlib.util.find_spec("statekeeper_migrations")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve()
+    return Path(state_engine.__file__).resolve().parent.parent / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic config pointing at ``migrations/``, whatever the current directory is."""
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        # Alembic would say "use the 'init' command", the wrong fix for a broken install.
+        raise CatalogVersionMismatch(
+            f"the catalog's migration scripts are missing from {MIGRATIONS_DIR}; "
+            "reinstall statekeeper"
+        )
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if connection is not None:

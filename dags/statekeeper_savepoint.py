@@ -23,8 +23,10 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
 **Params**
 - `job`: the job to capture (required).
 - `source_snapshot`: the snapshot id to capture; empty: the job's latest completed snapshot.
-- `target_dir`: where to write it (a URL Spark and the workers reach, or a path under the
-  checkpoint root); empty: the job's default savepoint directory.
+- `target_dir`: where to write it: a path under the job's checkpoint root, or a URL under the
+  root or under a directory named in `STATEKEEPER_ALLOWED_SAVEPOINT_DIRS` (comma-separated URLs,
+  set on the workers); anything else is refused before Spark starts. Empty: the job's default
+  savepoint directory.
 - `drop_expired`: leave out entries whose processing-time TTL had expired when the run was
   triggered.
 """
@@ -59,8 +61,9 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             None,
             type=["null", "string"],
             title="Target directory",
-            description="Where to write the savepoint: a URL (s3://..., file:///...) or a path "
-            "under the checkpoint root; leave empty for the job's savepoint directory.",
+            description="Where to write the savepoint: a path under the job's checkpoint root, "
+            "or a URL under it or under STATEKEEPER_ALLOWED_SAVEPOINT_DIRS; leave empty for the "
+            "job's savepoint directory.",
         ),
         "drop_expired": Param(
             False,

@@ -156,6 +156,7 @@ def run_maintenance(
     log.info("%s run %s: %s (%s)", kind, run_id, target.mode, target.reason)
     ids = {"run_id": run_id, "dag_id": dag_id, "airflow_run_id": airflow_run_id}
     try:
+        merged = check_before_spark(kind, merged, ids)
         if target.in_process:
             report = _run_in_process(kind, merged, ids, target, app_name=f"{dag_id}-{ti.task_id}")
         else:
@@ -178,6 +179,18 @@ def run_maintenance(
     if emit:
         emit_snapshot_event(context, report, kind)
     return report
+
+
+def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+    """The run's params checked against the catalog (and its input pinned) before any Spark
+    starts; a refusal is recorded as a FAILED run of the job and raised."""
+    from state_engine.catalog import Catalog
+    from state_engine.config import Settings
+    from state_engine.jobs.preflight import check_before_spark as check
+
+    settings = Settings.from_env()
+    with Catalog.from_settings(settings) as catalog:
+        return check(kind, catalog, params, settings=settings, **ids)
 
 
 def _run_in_process(

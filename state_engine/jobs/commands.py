@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -205,13 +205,19 @@ def job_params(args: argparse.Namespace) -> dict[str, Any]:
 def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run the parsed job on the maintenance SparkSession against the configured catalog."""
     from state_engine.catalog import Catalog
+    from state_engine.jobs.preflight import check_before_spark
     from state_engine.jobs.spark import build_spark
 
     settings = Settings.from_env()
+    params = job_params(args)
+    ids = {k: params.pop(k) for k in COMMON if k in params}
+    with Catalog.from_settings(settings) as catalog:
+        # refused before the JVM starts: a wrong name or id should not cost minutes of Spark
+        params = check_before_spark(args.job_name, catalog, params, settings=settings, **ids)
     runner = JOBS[args.job_name].runner()
     spark = build_spark(settings)
     with Catalog.from_settings(settings) as catalog:
-        return runner(spark, catalog, settings=settings, **job_params(args))
+        return runner(spark, catalog, settings=settings, **ids, **params)
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
@@ -241,27 +247,10 @@ def cmd_state_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, default=_json_default, ensure_ascii=False))
     else:
-        print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows]))
+        from state_engine.formatting import format_table
+
+        print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows], width=60))
     return 0
-
-
-def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], width: int = 60) -> str:
-    """Aligned columns; cells longer than ``width`` are cut with an ellipsis."""
-
-    def cell(v: Any) -> str:
-        text = "-" if v is None else str(v)
-        return text if len(text) <= width else text[: width - 1] + "…"
-
-    cells = [[cell(v) for v in row] for row in rows]
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines.extend(
-        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells
-    )
-    if not rows:
-        lines.append("(no rows)")
-    return "\n".join(lines)
 
 
 def _json_default(value: Any) -> Any:

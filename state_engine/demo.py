@@ -41,6 +41,7 @@ from state_engine.config import Settings
 from state_engine.demo_airflow import REPO, AirflowCli, DemoAirflowError, failure_message
 from state_engine.errors import NotFound, StatekeeperError
 from state_engine.examples import fraud
+from state_engine.formatting import human_bytes
 from state_engine.runtime import FileSink, JobRunner
 
 JOB = fraud.JOB_NAME
@@ -99,15 +100,7 @@ def seconds(s: float) -> str:
 
 
 def size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024  # type: ignore[assignment]
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n:.1f} TiB"
+    return human_bytes(n)
 
 
 def when(ms: int) -> str:

@@ -15,6 +15,8 @@ from urllib.parse import quote, urlencode
 
 from fastapi.responses import HTMLResponse
 
+from state_engine.formatting import human_bytes
+
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5rem; color: #1f2933; }
 h1 { font-size: 1.4rem; margin: 0 0 .25rem; }
@@ -88,15 +90,6 @@ def link(href: str, text: str) -> str:
 
 def status_badge(status: str) -> str:
     return f'<span class="status status-{escape(status)}">{escape(status.lower())}</span>'
-
-
-def human_bytes(size: int | float) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def human_count(n: int | float) -> str:

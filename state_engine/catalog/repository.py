@@ -776,9 +776,19 @@ class Catalog(RunMixin, LeaseMixin, Store):
             rows = s.execute(stmt.order_by(Operator.uid, KeyGroupStat.key_group))
             return [KeyGroupStatRow(*row) for row in rows]
 
-    def query(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
-        """Run one read-only SELECT / WITH / EXPLAIN; a write is refused (ReadOnlyViolation)."""
-        return run_readonly(self.engine, sql, max_rows=max_rows)
+    def query(
+        self,
+        sql: str,
+        *,
+        max_rows: int | None = None,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
+    ) -> QueryResult:
+        """Run one read-only SELECT / WITH / EXPLAIN; a write is refused (ReadOnlyViolation).
+        Bounded by ``timeout_s`` and cut at ``max_rows`` / ``max_bytes`` (see readonly.py)."""
+        return run_readonly(
+            self.engine, sql, max_rows=max_rows, timeout_s=timeout_s, max_bytes=max_bytes
+        )
 
     # --- internals ---
 

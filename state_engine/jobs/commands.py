@@ -228,22 +228,33 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 def cmd_state_show(args: argparse.Namespace) -> int:
     from state_engine.catalog import Catalog
-    from state_engine.jobs.spark import build_spark
-    from state_engine.jobs.state_inspect import COLUMNS, show_rows
+    from state_engine.jobs.state_local import plan_show, quiet_spark_conf, read_rows
 
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:
-        # checked before Spark starts: a bad id should not cost a JVM
-        catalog.get_snapshot(args.snapshot)
-        rows = show_rows(
-            build_spark(settings),
-            catalog,
-            args.snapshot,
-            state=args.state,
-            key=args.key,
-            operator=args.operator,
-            limit=args.limit,
+        # every refusal (id, status, format, operator, state, key) before any Spark start
+        plan = plan_show(
+            catalog, args.snapshot, state=args.state, key=args.key, operator=args.operator
         )
+        if plan.local and not args.spark:
+            rows = read_rows(plan, args.limit)
+        else:
+            from state_engine.jobs.spark import build_spark
+            from state_engine.jobs.state_inspect import show_rows
+
+            spark = build_spark(settings, extra=quiet_spark_conf())
+            spark.sparkContext.setLogLevel("ERROR")
+            rows = show_rows(
+                spark,
+                catalog,
+                args.snapshot,
+                state=args.state,
+                key=args.key,
+                operator=args.operator,
+                limit=args.limit,
+            )
+    from state_engine.jobs.state_inspect import COLUMNS
+
     if args.json:
         print(json.dumps(rows, default=_json_default, ensure_ascii=False))
     else:
@@ -271,7 +282,8 @@ def register(subparsers: Any) -> None:
     show = state_commands.add_parser(
         "show",
         help="decoded keyed state of a completed canonical snapshot",
-        description="decoded keyed state of a completed canonical snapshot (read with Spark)",
+        description="decoded keyed state of a completed canonical snapshot (read directly when "
+        "its files are small, with Spark above 64 MiB)",
     )
     show.add_argument("snapshot", metavar="SNAPSHOT", type=int, help="snapshot id")
     show.add_argument("--state", help="only this state")
@@ -279,4 +291,9 @@ def register(subparsers: Any) -> None:
     show.add_argument("--operator", help="only this operator")
     show.add_argument("--limit", type=int, default=100, help="at most this many rows (100)")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    show.add_argument(
+        "--spark",
+        action="store_true",
+        help="read with Spark even when the files are small (default: Spark above 64 MiB)",
+    )
     show.set_defaults(handler=cmd_state_show)

@@ -7,6 +7,7 @@ database; ``offset`` and ``limit`` are query parameters, as in the API.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from datetime import UTC, datetime
 from html import escape
@@ -24,10 +25,17 @@ from state_engine.catalog import (
     SnapshotFileRecord,
     SnapshotRecord,
 )
-from statekeeper_airflow.api import MAX_LIMIT, CatalogDep, Offset
+from statekeeper_airflow.actions import (
+    dag_href,
+    dag_run_href,
+    job_actions,
+    task_log_href,
+)
+from statekeeper_airflow.api import MAX_LIMIT, CatalogDep, Offset, SnapshotId
 from statekeeper_airflow.auth import page_user
 from statekeeper_airflow.charts import Series, histogram, line_chart
 from statekeeper_airflow.markup import (
+    THEME_SCRIPT_HASH,
     Window,
     human_age,
     human_bytes,
@@ -46,6 +54,7 @@ from statekeeper_airflow.markup import (
 router = APIRouter(dependencies=[Depends(page_user)], include_in_schema=False)
 
 PAGE_LIMIT = 25
+__all__ = ["THEME_SCRIPT_HASH", "error_page", "router"]
 # The chart shows this many of the newest completed snapshots: enough for a trend, and the SVG
 # stays small however long the job has run.
 CHART_SNAPSHOTS = 200
@@ -62,6 +71,21 @@ def error_page(status_code: int, message: str, *, root: str = "") -> HTMLRespons
         f"{link(f'{root}runs', 'the maintenance runs')}.</p>"
     )
     return page(f"Statekeeper: {heading}", body, root=root, status_code=status_code)
+
+
+def actions_bar(job: str, root: str, snapshot_id: int | None = None) -> str:
+    """Buttons into Airflow's trigger forms for this job (Airflow checks the permissions)."""
+    links = "".join(
+        f'<a href="{escape(dag_href(root, a.dag_id, a.conf))}" target="_top" '
+        f'title="{escape(a.dag_id)}: {escape(a.hint)}">{escape(a.label)}</a>'
+        for a in job_actions(job, snapshot_id)
+    )
+    conf = {"job": job, **({} if snapshot_id is None else {"source_snapshot": snapshot_id})}
+    return (
+        f'<div class="actions">{links}</div>'
+        '<p class="sub">Each opens the DAG in Airflow: press <b>Trigger</b>; the form suggests '
+        f"the catalog's jobs. As configuration JSON: <code>{escape(json.dumps(conf))}</code></p>"
+    )
 
 
 def window(result: Page[object], limit: int) -> Window:
@@ -182,7 +206,7 @@ def job_page(
         f"<dt>Location</dt><dd>{escape(record.location or '-')}</dd>"
         f"<dt>Registered</dt><dd>{timestamp(record.created_at)}</dd>"
         f"<dt>Maintenance</dt><dd>{link(runs_href, 'runs of this job')}</dd>"
-        "</dl>"
+        "</dl>" + actions_bar(record.name, root)
     )
     headers = [
         ("Snapshot", True),
@@ -259,7 +283,7 @@ def skew_section(catalog: CatalogDep, snapshot: SnapshotRecord) -> str:
 
 @router.get("/snapshots/{snapshot_id}", response_class=HTMLResponse)
 def snapshot_page(
-    snapshot_id: int, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
+    snapshot_id: SnapshotId, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
 ) -> HTMLResponse:
     root = "../"
     snap = catalog.get_snapshot(snapshot_id)
@@ -287,6 +311,7 @@ def snapshot_page(
         f"<dt>Completed</dt><dd>{timestamp(snap.completed_at)}</dd>"
         + (f"<dt>Error</dt><dd>{escape(snap.error)}</dd>" if snap.error else "")
         + "</dl>"
+        + actions_bar(snap.job, root, snap.id)
     )
     headers = [
         ("Path", False),
@@ -310,27 +335,42 @@ def snapshot_page(
 # --- maintenance history ---
 
 
-def run_rows(runs: list[RunRecord]) -> list[str]:
+def airflow_cell(r: RunRecord, root: str) -> str:
+    """The Airflow DAG run (and its task's log) that made a maintenance run, as links."""
+    if r.dag_id is None:
+        return '<span class="none">-</span>'
+    if not r.airflow_run_id:
+        return escape(r.dag_id)
+    run_link = (
+        f'<a href="{escape(dag_run_href(root, r.dag_id, r.airflow_run_id))}" target="_top">'
+        f"{escape(r.dag_id)}</a>"
+    )
+    log = task_log_href(root, r.dag_id, r.airflow_run_id, r.kind)
+    log_link = (
+        ""
+        if log is None
+        else f' &middot; <a href="{escape(log)}" target="_top" class="log">task log</a>'
+    )
+    return f"{run_link}{log_link}<br><small>{escape(r.airflow_run_id)}</small>"
+
+
+def run_rows(runs: list[RunRecord], root: str = "") -> list[str]:
     rows = []
     for r in runs:
         seconds = None if r.finished_at is None else (r.finished_at - r.started_at).total_seconds()
-        airflow = (
-            '<span class="none">-</span>'
-            if r.dag_id is None
-            else f"{escape(r.dag_id)}<br><small>{escape(r.airflow_run_id or '')}</small>"
-        )
+        airflow = airflow_cell(r, root)
         snapshots = " &rarr; ".join(
             link(snapshot_href("", sid), str(sid)) if sid is not None else "-"
             for sid in (r.input_snapshot_id, r.output_snapshot_id)
         )
         rows.append(
-            f"<tr><td>{escape(r.run_id)}</td><td>{escape(r.kind)}</td>"
+            f'<tr><td class="wrap">{escape(r.run_id)}</td><td>{escape(r.kind)}</td>'
             f"<td>{link(job_href('', r.job), r.job) if r.job else '-'}</td>"
             f"<td>{status_badge(r.status)}</td><td>{timestamp(r.started_at)}</td>"
             f'<td class="num">{escape(human_duration(seconds))}</td>'
             f"{number(r.rows_in)}{number(r.rows_out)}"
             f"{number(r.bytes_in, as_bytes=True)}{number(r.bytes_out, as_bytes=True)}"
-            f"<td>{snapshots}</td><td>{airflow}</td>"
+            f'<td class="num">{snapshots}</td><td class="wrap">{airflow}</td>'
             f'<td class="error-text">{escape(r.error or "")}</td></tr>'
         )
     return rows

@@ -27,6 +27,7 @@ from state_engine.catalog.models import (
     RETAINED_STATUSES,
     SNAPSHOT_FORMATS,
     SNAPSHOT_KINDS,
+    SNAPSHOT_STATUSES,
     File,
     Job,
     KeyGroupStat,
@@ -949,7 +950,8 @@ def _snapshots_stmt(
     stmt = select(Snapshot).where(Snapshot.job_id == job_id)
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
-        stmt = stmt.where(Snapshot.status.in_([st.upper() for st in statuses]))
+        checked = [check_choice(st, "status", SNAPSHOT_STATUSES) for st in statuses]
+        stmt = stmt.where(Snapshot.status.in_(checked))
     if kind is not None:
         stmt = stmt.where(Snapshot.kind == check_choice(kind, "kind", SNAPSHOT_KINDS))
     return stmt.order_by(Snapshot.checkpoint_id.desc())

@@ -68,7 +68,12 @@ def parse(html: str) -> Links:
 
 
 def self_contained(html: str) -> None:
-    # The API server may have no network: nothing is fetched, nothing links off the app.
+    # The API server may have no network: nothing is fetched, nothing links off the app. The one
+    # script is the theme script the Content-Security-Policy allows by its hash.
+    from statekeeper_airflow.markup import THEME_SCRIPT
+
+    assert html.count("<script") == 1 and f"<script>{THEME_SCRIPT}</script>" in html
+    html = html.replace(f"<script>{THEME_SCRIPT}</script>", "")
     for needle in ("<script", "<link", "<img", "@import", "url("):
         assert needle not in html, needle
     for href in parse(html).hrefs:
@@ -106,7 +111,7 @@ def test_overview_is_paged_in_the_database(logged_in: TestClient) -> None:
     assert ">payments</a>" in html and ">orders</a>" not in html
     assert "2-2 of 2 jobs" in html
     assert "?offset=0&amp;limit=1" in html  # previous page
-    assert logged_in.get("/?limit=0").status_code == 422
+    assert logged_in.get("/?limit=0").status_code == 400
 
 
 # --- a job ---
@@ -229,9 +234,15 @@ def test_runs_page_shows_the_maintenance_history(logged_in: TestClient, seeded: 
     html = logged_in.get("/runs").text
     self_contained(html)
     assert "3-3" not in html and "1-3 of 3 runs" in html
-    for cell in ("compaction-1", "orphans-1", "ttl-9", "ttl_cleanup", "orphan_cleanup"):
+    for cell in ("compaction-1", "orphans-1", "ttl-9"):
+        assert f'<td class="wrap">{cell}</td>' in html
+    for cell in ("ttl_cleanup", "orphan_cleanup"):
         assert f"<td>{cell}</td>" in html
     assert "statekeeper_ttl_cleanup" in html and "scheduled__2025-01-01T00:00:00+00:00" in html
+    # the run links to its Airflow DAG run and its task's log, in Airflow's own UI
+    dag_run = "../dags/statekeeper_ttl_cleanup/runs/scheduled__2025-01-01T00%3A00%3A00%2B00%3A00"
+    assert dag_run in parse(html).hrefs
+    assert f"{dag_run}/tasks/ttl_cleanup/mapped" in parse(html).hrefs
     assert "executor lost &lt;heartbeat&gt;" in html  # the error, escaped
     assert "status-FAILED" in html and "status-SUCCEEDED" in html and "status-RUNNING" in html
     assert '<td class="num" title="1280">1,280</td>' in html  # rows in/out of the compaction
@@ -254,6 +265,37 @@ def test_runs_page_filters_by_job_kind_and_status(logged_in: TestClient) -> None
 
     kind = logged_in.get("/runs?kind=orphan_cleanup&limit=1").text
     assert "orphans-1" in kind and "compaction-1" not in kind
+
+    # an unknown status is refused like an unknown kind, not an empty table
+    bad = logged_in.get("/runs?status=DONE")
+    assert bad.status_code == 400 and "status must be one of RUNNING, SUCCEEDED, FAILED" in bad.text
+    assert bad.headers["X-Content-Type-Options"] == "nosniff"
+    huge = logged_in.get(f"/snapshots/{2**63}")
+    assert huge.status_code == 400 and "snapshot_id" in huge.text
+
+
+def test_job_and_snapshot_pages_offer_airflows_trigger_forms(
+    logged_in: TestClient, seeded: Seeded
+) -> None:
+    import json
+    from urllib.parse import parse_qs, urlsplit
+
+    job_links = parse(logged_in.get("/jobs/orders").text).hrefs
+    snap_links = parse(logged_in.get(f"/snapshots/{seeded.completed_id}").text).hrefs
+    for links, conf in (
+        (job_links, {"job": "orders"}),
+        (snap_links, {"job": "orders", "source_snapshot": seeded.completed_id}),
+    ):
+        triggers = {urlsplit(h).path: h for h in links if h.startswith("../../dags/")}
+        assert set(triggers) == {
+            "../../dags/statekeeper_savepoint",
+            "../../dags/statekeeper_rescale",
+            "../../dags/statekeeper_ttl_cleanup",
+            "../../dags/statekeeper_maintenance",
+        }
+        for dag in ("statekeeper_savepoint", "statekeeper_rescale"):
+            query = parse_qs(urlsplit(triggers[f"../../dags/{dag}"]).query)
+            assert json.loads(query["conf"][0]) == conf
 
 
 # --- unknown things ---

@@ -122,13 +122,27 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshots(args: argparse.Namespace) -> int:
+    from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
+
     with _open_catalog() as catalog:
         snaps = catalog.list_snapshots(args.job, status=args.status, limit=args.limit)
+    if args.json:
+        _print_json(
+            [{**dataclasses.asdict(s), "entries_estimated": is_estimated(s.format)} for s in snaps]
+        )
+        return 0
     columns = [
         "id", "checkpoint_id", "kind", "format", "status", "parallelism", "bytes", "entries",
         "created_at", "completed_at", "trigger",
     ]  # fmt: skip
-    _print_records(args, snaps, columns)
+    rows = [
+        [estimate_text(s.entries, s.format) if c == "entries" and is_estimated(s.format)
+         else getattr(s, c) for c in columns]
+        for s in snaps
+    ]  # fmt: skip
+    print(format_table(columns, rows))
+    if any(is_estimated(s.format) for s in snaps):
+        print(f"~ entries of native snapshots are {ESTIMATE_NOTE}")
     return 0
 
 
@@ -137,15 +151,32 @@ def cmd_show(args: argparse.Namespace) -> int:
         snap = catalog.get_snapshot(args.snapshot)
         sizes = [p for p in catalog.state_size_history(snap.job_id) if p.snapshot_id == snap.id]
         skew = catalog.key_group_skew(snap.id)
-    if args.json:
-        _print_json({"snapshot": snap, "sizes": sizes, "skew": skew})
-        return 0
-    from state_engine.formatting import BYTE_COLUMNS, cell_text, escape_control, human_bytes
+    from state_engine.formatting import (
+        BYTE_COLUMNS,
+        ESTIMATE_NOTE,
+        cell_text,
+        escape_control,
+        estimate_text,
+        human_bytes,
+        is_estimated,
+    )
 
+    estimated = is_estimated(snap.format)
+    if args.json:
+        _print_json(
+            {
+                "snapshot": {**dataclasses.asdict(snap), "entries_estimated": estimated},
+                "sizes": sizes,
+                "skew": [{**dataclasses.asdict(k), "estimated": estimated} for k in skew],
+            }
+        )
+        return 0
     fields = dataclasses.asdict(snap)
     width = max(len(k) for k in fields)
     for key, value in fields.items():
         text = human_bytes(value) if key in BYTE_COLUMNS and value is not None else value
+        if key == "entries" and estimated:
+            text = f"{estimate_text(value, snap.format)} ({ESTIMATE_NOTE})"
         print(f"{key.ljust(width)}  {escape_control(cell_text(text))}")
     if sizes:
         print("\nstate size per operator")
@@ -156,7 +187,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             )
         )
     if skew:
-        print("\nkey-group skew (max / mean rows per key group)")
+        print(
+            "\nkey-group skew (max / mean rows per key group)"
+            + (f" ~ ESTIMATED: {ESTIMATE_NOTE}" if estimated else "")
+        )
         print(
             format_table(
                 ["operator", "key_groups", "total_rows", "max_rows", "mean_rows", "skew"],

@@ -122,3 +122,20 @@ def format_table(
     if not rows:
         out.append("(no rows)")
     return "\n".join(out)
+
+
+#: Snapshot formats whose entry counts and per-key-group rows are estimated, not counted: a
+#: RocksDB (native) snapshot's figures come from its SST files' metadata, which counts every
+#: version and tombstone of a key (a savepoint of it may hold far fewer rows).
+ESTIMATED_FORMATS = frozenset({"NATIVE"})
+ESTIMATE_NOTE = "estimated from RocksDB SST metadata (counts versions and tombstones), not counted"
+
+
+def is_estimated(snapshot_format: str | None) -> bool:
+    return (snapshot_format or "").upper() in ESTIMATED_FORMATS
+
+
+def estimate_text(value: int | float, snapshot_format: str | None) -> str:
+    """``value`` with thousands separators, marked ``~`` when the format only estimates it."""
+    text = f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+    return f"~{text}" if is_estimated(snapshot_format) else text

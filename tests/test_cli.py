@@ -223,3 +223,21 @@ def test_sql_caps_and_timeout_from_the_command_line(
     with pytest.raises(SystemExit) as exit_info:
         main(["sql", "SELECT 1", "--max-bytes", "lots"])
     assert exit_info.value.code == 2
+
+
+def test_estimated_figures_are_marked(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(capsys, "catalog", "upgrade")[0] == 0
+    with Catalog.open(f"sqlite:///{home / 'catalog.db'}") as cat:
+        cat.register_job("rocks", max_parallelism=8)
+        snap = cat.begin_snapshot("rocks", location="file:///ck/r/chk-1", parallelism=1,
+                                  format="NATIVE")  # fmt: skip
+        cat.record_key_group_stats(snap.id, [KeyGroupStatRow("p", k, 10 + k) for k in range(8)])
+        native = cat.complete_snapshot(snap.id, snap.version)
+    table = _run(capsys, "snapshots", "rocks")[1]
+    assert f"~{native.entries:,}" in table and "estimated from RocksDB SST metadata" in table
+    [row] = json.loads(_run(capsys, "snapshots", "rocks", "--json")[1])
+    assert row["entries_estimated"] is True and row["entries"] == native.entries
+    shown = _run(capsys, "show", str(native.id))[1]
+    assert "ESTIMATED" in shown and "(estimated from RocksDB" in shown
+    detail = json.loads(_run(capsys, "show", str(native.id), "--json")[1])
+    assert detail["snapshot"]["entries_estimated"] and detail["skew"][0]["estimated"]

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from state_engine.catalog import Catalog, JobRecord, SnapshotRecord
 from state_engine.catalog import Page as CatalogPage
+from state_engine.formatting import is_estimated
 from statekeeper_airflow.auth import api_user
 from statekeeper_airflow.schemas import (
     ErrorOut,
@@ -129,7 +130,12 @@ def get_snapshot(snapshot_id: SnapshotId, catalog: CatalogDep) -> SnapshotDetail
     return SnapshotDetail(
         snapshot=SnapshotOut.model_validate(snapshot),
         files=FilesSummary.model_validate(catalog.snapshot_files_summary(snapshot_id)),
-        skew=[SkewOut.model_validate(s) for s in catalog.key_group_skew(snapshot_id)],
+        skew=[
+            SkewOut.model_validate(s).model_copy(
+                update={"estimated": is_estimated(snapshot.format)}
+            )
+            for s in catalog.key_group_skew(snapshot_id)
+        ],
     )
 
 

@@ -25,6 +25,7 @@ from state_engine.catalog import (
     SnapshotFileRecord,
     SnapshotRecord,
 )
+from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
 from statekeeper_airflow.actions import (
     dag_href,
     dag_run_href,
@@ -150,21 +151,66 @@ def jobs_overview(
 # --- a job ---
 
 
-def size_series(points: list[SizePoint]) -> list[Series]:
-    """The job's total state size per snapshot, and one line per operator when there are several."""
+def size_series(points: list[SizePoint], formats: dict[int, str] | None = None) -> list[Series]:
+    """The job's total state size per snapshot, one line per snapshot format (a canonical
+    savepoint among native checkpoints is another line, not a dip), and one line per operator
+    (of the newest format) when there are several; savepoints are marked."""
+    formats = formats or {}
     totals: dict[int, tuple[datetime, float]] = {}
-    per_operator: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+    kinds: dict[int, str] = {}
+    per_operator: dict[str, dict[int, tuple[datetime, float]]] = defaultdict(dict)
     for p in points:
         if p.completed_at is None:
             continue
         at, total = totals.get(p.snapshot_id, (p.completed_at, 0.0))
         totals[p.snapshot_id] = (at, total + p.bytes)
+        kinds[p.snapshot_id] = p.kind
         if p.operator is not None:
-            per_operator[p.operator].append((p.completed_at, float(p.bytes)))
-    series = [Series("total", sorted(totals.values()))]
+            per_operator[p.operator][p.snapshot_id] = (p.completed_at, float(p.bytes))
+    by_format: dict[str, list[int]] = defaultdict(list)
+    for sid in totals:
+        by_format[formats.get(sid, "")].append(sid)
+    newest = max(totals, key=lambda sid: totals[sid][0], default=None)
+    main = formats.get(newest, "") if newest is not None else ""
+    series = []
+    for fmt in sorted(by_format, key=lambda f: (f != main, f)):
+        ids = by_format[fmt]
+        label = "total" if len(by_format) == 1 or not fmt else f"total, {fmt.lower()}"
+        series.append(
+            Series(
+                label,
+                sorted(totals[sid] for sid in ids),
+                savepoints=frozenset(totals[sid][0] for sid in ids if kinds[sid] == "SAVEPOINT"),
+                halo=True,
+            )
+        )
     if 1 < len(per_operator) <= 5:
-        series += [Series(op, pts) for op, pts in sorted(per_operator.items())]
-    return series
+        for op, by_id in sorted(per_operator.items()):
+            pts = [pt for sid, pt in by_id.items() if formats.get(sid, "") == main]
+            series.append(Series(op, sorted(pts)))
+    return series or [Series("total", [])]
+
+
+def estimate_mark() -> str:
+    return f'<abbr class="est" title="{escape(ESTIMATE_NOTE)}">~ estimated</abbr>'
+
+
+def entries_cell(s: SnapshotRecord) -> str:
+    if not is_estimated(s.format):
+        return number(s.entries)
+    return (
+        f'<td class="num" title="{s.entries} ({escape(ESTIMATE_NOTE)})">'
+        f'<span class="est">{escape(estimate_text(s.entries, s.format))}</span></td>'
+    )
+
+
+def estimate_legend(snapshots: list[SnapshotRecord]) -> str:
+    if not any(is_estimated(s.format) for s in snapshots):
+        return ""
+    return (
+        f'<p class="sub"><span class="est">~</span> Entries of native (RocksDB) snapshots are '
+        f"{escape(ESTIMATE_NOTE)}; a canonical savepoint of one counts its rows exactly.</p>"
+    )
 
 
 def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
@@ -175,7 +221,7 @@ def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
         f"<td>{escape(s.kind.lower())}</td><td>{escape(s.format.lower())}</td>"
         f"<td>{status_badge(s.status)}</td>"
         f'<td class="num">{s.parallelism}</td>'
-        f"{number(s.bytes, as_bytes=True)}{number(s.entries)}"
+        f"{number(s.bytes, as_bytes=True)}{entries_cell(s)}"
         f"<td>{timestamp(s.completed_at)}</td>"
         "</tr>"
         for s in snapshots
@@ -190,8 +236,12 @@ def job_page(
     record = catalog.get_job(job)
     snapshots = catalog.snapshots_page(job, limit=limit, offset=offset)
     history = catalog.state_size_history(job, limit=CHART_SNAPSHOTS)
-    series = size_series(history)
-    shown = len(series[0].points)
+    formats = {
+        s.id: s.format
+        for s in catalog.list_snapshots(job, status="COMPLETED", limit=2 * CHART_SNAPSHOTS)
+    }
+    series = size_series(history, formats)
+    shown = len({p.snapshot_id for p in history if p.completed_at is not None})
     chart = line_chart(
         series,
         element_id="size-chart",
@@ -226,6 +276,7 @@ def job_page(
         f"snapshot{'s' if shown != 1 else ''}.</p>{chart}"
         "<h2>Snapshots</h2>"
         + table(headers, snapshot_rows(snapshots.items, root), empty="No snapshots on this page.")
+        + estimate_legend(snapshots.items)
         + pager(window(snapshots, limit), {}, noun="snapshots")
     )
     return page(f"Statekeeper: job {record.name}", body, root=root)
@@ -265,9 +316,17 @@ def skew_section(catalog: CatalogDep, snapshot: SnapshotRecord) -> str:
     parts = []
     for n, skew in enumerate(skews):
         figure = "-" if skew.skew is None else f"{skew.skew:.2f}"
+        estimated = is_estimated(snapshot.format)
+        if estimated and skew.skew is not None:
+            figure = f"~{figure}"
         parts.append(
             f"<h3>Operator {escape(skew.operator)}</h3>"
-            f'<p>Skew (max / mean rows per key group): <span class="figure skew">{figure}</span>'
+            + (
+                f"<p>{estimate_mark()}: rows per key group below are estimates.</p>"
+                if estimated
+                else ""
+            )
+            + f'<p>Skew (max / mean rows per key group): <span class="figure skew">{figure}</span>'
             f" &middot; max {skew.max_rows:,} rows, mean {skew.mean_rows:,.1f} over "
             f"{skew.key_groups:,} key groups ({skew.recorded_key_groups:,} recorded), "
             f"{skew.total_rows:,} rows in all</p>"
@@ -303,7 +362,9 @@ def snapshot_page(
         f"<dt>Parallelism</dt><dd>{snap.parallelism} of max {snap.max_parallelism}</dd>"
         f"<dt>Parent</dt><dd>{parent}</dd>"
         f"<dt>Location</dt><dd>{escape(snap.location)}</dd>"
-        f"<dt>Size</dt><dd>{escape(human_bytes(snap.bytes))}, {snap.entries:,} entries</dd>"
+        f"<dt>Size</dt><dd>{escape(human_bytes(snap.bytes))}, "
+        f"{escape(estimate_text(snap.entries, snap.format))} entries"
+        f"{' ' + estimate_mark() if is_estimated(snap.format) else ''}</dd>"
         f"<dt>Files</dt><dd>{summary.files:,} files of {escape(human_bytes(summary.bytes))} "
         f"({summary.shared_files:,} shared, {escape(human_bytes(summary.shared_bytes))}); "
         f"{summary.references:,} references</dd>"

@@ -329,3 +329,43 @@ def test_the_api_keeps_json_404s(logged_in: TestClient, make_token: Callable[...
     response = logged_in.get("/api/jobs/nope", headers={"Authorization": f"Bearer {make_token()}"})
     assert response.status_code == 404
     assert "'nope'" in response.json()["detail"]
+
+
+def test_native_figures_are_estimates_and_the_chart_separates_formats(
+    logged_in: TestClient, seeded: Seeded, make_token: Callable[..., str]
+) -> None:
+    """A native checkpoint's entries and skew are marked as estimates (page and API); a
+    canonical savepoint among native checkpoints is its own line, drawn as a square."""
+    with Catalog.open(seeded.url) as cat:
+        cat.register_job("rocks", max_parallelism=8, location="file:///ckpt/rocks")
+        ids = {}
+        for n, (fmt, kind) in enumerate(
+            [("NATIVE", "CHECKPOINT"), ("NATIVE", "CHECKPOINT"), ("CANONICAL", "SAVEPOINT")]
+        ):
+            snap = cat.begin_snapshot(
+                "rocks", location=f"file:///ckpt/rocks/s{n}", parallelism=1, format=fmt, kind=kind
+            )
+            cat.attach_files(snap.id, [FileRef(f"file:///ckpt/rocks/s{n}/f", 1000 * (n + 1),
+                                               operator="process", subtask=0)])  # fmt: skip
+            cat.record_key_group_stats(
+                snap.id, [KeyGroupStatRow("process", k, 100 + k) for k in range(8)]
+            )
+            ids[n] = cat.complete_snapshot(snap.id, snap.version).id
+
+    page = logged_in.get("/jobs/rocks").text
+    # the two native rows, not the savepoint
+    assert len(re.findall(r'<td class="num" title="\d+ \(estimated', page)) == 2
+    assert "estimated from RocksDB SST metadata" in page
+    assert ">total, native</title>" in page and ">total, canonical</title>" in page
+    assert page.count('class="savepoint"') == 1 and "■ savepoint" in page
+    native_page = logged_in.get(f"/snapshots/{ids[0]}").text
+    assert "~ estimated" in native_page and 'class="figure skew">~' in native_page
+    canonical_page = logged_in.get(f"/snapshots/{ids[2]}").text
+    assert "~ estimated" not in canonical_page
+
+    auth = {"Authorization": f"Bearer {make_token()}"}
+    native = logged_in.get(f"/api/snapshots/{ids[0]}", headers=auth).json()
+    assert native["snapshot"]["entries_estimated"] is True and native["skew"][0]["estimated"]
+    canonical = logged_in.get(f"/api/snapshots/{ids[2]}", headers=auth).json()
+    assert canonical["snapshot"]["entries_estimated"] is False
+    assert canonical["skew"][0]["estimated"] is False

@@ -69,12 +69,16 @@ p.sub { color: var(--muted); margin: 0 0 1rem; }
 nav.top { margin: 0 0 1rem; display: flex; gap: 1rem; }
 a { color: var(--link); text-decoration: none; } a:hover { text-decoration: underline; }
 table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid var(--line);
+th, td { text-align: left; padding: .4rem .5rem; border-bottom: 1px solid var(--line);
   vertical-align: top; }
 th { background: var(--head); font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { white-space: nowrap; }
 td.path { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; }
 td.wrap { overflow-wrap: anywhere; min-width: 6rem; }
+td.flow { white-space: normal; } td.flow span { white-space: nowrap; }
+th.num { white-space: normal; }
+td small { color: var(--muted); }
 time { white-space: nowrap; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; margin: 0; }
 dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; overflow-wrap: anywhere; }
@@ -97,7 +101,7 @@ svg.chart .grid { stroke: var(--line); stroke-width: 1; }
 svg.chart .mean { stroke: var(--bad); stroke-dasharray: 4 3; stroke-width: 1.5; }
 form.filter { display: flex; gap: .75rem; align-items: end; margin: 0 0 1rem; flex-wrap: wrap; }
 form.filter label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
-td.error-text { color: var(--bad); max-width: 22rem; overflow-wrap: anywhere; }
+td.error-text { color: var(--bad); min-width: 10rem; max-width: 22rem; overflow-wrap: anywhere; }
 """
 )
 
@@ -183,10 +187,12 @@ def human_duration(seconds: float | None) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-def timestamp(value: datetime | None) -> str:
+def timestamp(value: datetime | None, *, short: bool = False) -> str:
+    """A UTC time that never wraps; ``short`` drops the seconds (the tooltip keeps them)."""
     if value is None:
         return '<span class="none">-</span>'
-    return f'<time datetime="{value.isoformat()}">{value.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
+    shown = value.strftime("%Y-%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S")
+    return f'<time datetime="{value.isoformat()}" title="{value.isoformat()}">{shown} UTC</time>'
 
 
 def number(value: int | None, *, as_bytes: bool = False) -> str:

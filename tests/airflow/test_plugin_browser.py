@@ -106,6 +106,24 @@ def browser_catalog(
                 ],
             )
             cat.complete_snapshot(snap.id, snap.version)
+        # runs with the long ids, Airflow run ids and errors real runs have (the 1024 px check)
+        for n, kind in enumerate(("savepoint", "rescale", "compaction")):
+            run_id = f"airflow-{kind}-orders-{'0123456789abcdef01234567'[n:] + 'x' * n}"
+            cat.start_run(
+                run_id,
+                kind,
+                job="orders",
+                input_snapshot_id=SNAPSHOTS,
+                dag_id="statekeeper_maintenance" if kind == "compaction" else f"statekeeper_{kind}",
+                airflow_run_id=f"manual__2026-11-24T03:1{n}:29.123456+00:00",
+            )
+            cat.fail_run(
+                run_id,
+                "snapshot 8 of job 'orders' is in NATIVE format; this job reads canonical "
+                "snapshots: file:///var/lib/statekeeper/checkpoints/orders/chk-8/"
+                + "very-long-file-name-without-breaks-"
+                * 4,
+            )
     return url
 
 
@@ -276,3 +294,102 @@ def test_the_job_page_renders_its_size_chart_in_chromium(
     assert float(snapshot_dom["skew"]) > 10
     shot = sk_png.decode(snapshot_png).rgb()
     assert (shot == np.array(CHART_BLUE, dtype=np.uint8)).all(axis=2).sum() > 500
+
+
+PAGES = ("/statekeeper/", "/statekeeper/jobs/orders", f"/statekeeper/snapshots/{SNAPSHOTS}",
+         "/statekeeper/runs")  # fmt: skip
+LAYOUT = """JSON.stringify({
+    scroll: document.documentElement.scrollWidth,
+    width: window.innerWidth,
+    theme: document.documentElement.className,
+    background: getComputedStyle(document.body).backgroundColor,
+    wrappedDates: [...document.querySelectorAll("time")]
+        .filter(t => t.getClientRects().length > 1).length,
+    dates: document.querySelectorAll("time").length,
+})"""
+
+
+def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
+    chromium_binary: str, api_server: Server, tmp_path: Path
+) -> None:
+    """Every page at 1024 and 1440 px, with Airflow's theme setting light and dark: no
+    horizontal overflow (the page's scroll width), dates on one line, the theme followed."""
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    seen: dict[tuple[str, int, str], dict[str, object]] = {}
+    with chromium(chromium_binary, tmp_path / "profile") as page:
+        page.call(
+            "Network.setCookie",
+            name="_token",
+            value=login_token(api_server),
+            url=f"{api_server.url}/",
+            path="/",
+        )
+        page.navigate(f"{api_server.url}/statekeeper/")
+        for theme in ("light", "dark"):
+            # Airflow's UI keeps its light/dark choice here (next-themes' "theme" key)
+            page.evaluate(f"localStorage.setItem('theme', '{theme}')")
+            for width in (1024, 1440):
+                page.call(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=width,
+                    height=900,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
+                for path in PAGES:
+                    page.navigate(f"{api_server.url}{path}")
+                    layout = json.loads(page.evaluate(LAYOUT))
+                    png = base64.b64decode(
+                        page.call("Page.captureScreenshot", format="png")["data"]
+                    )
+                    name = path.strip("/").replace("/", "-") or "statekeeper"
+                    out = shots / f"{name}-{width}-{theme}.png"
+                    out.write_bytes(png)
+                    corner = sk_png.decode(png).rgb()[2, 2].astype(int)
+                    seen[(path, width, theme)] = {**layout, "corner": corner.tolist(), "png": out}
+    for (path, width, theme), got in seen.items():
+        where = f"{path} at {width} px, {theme}: {got['png']}"
+        assert got["scroll"] <= got["width"] == width, f"horizontal overflow on {where}"
+        assert got["wrappedDates"] == 0, f"a date wraps on {where}"
+        assert theme in str(got["theme"]), where
+        brightness = sum(got["corner"]) / 3  # type: ignore[arg-type]
+        assert (brightness < 80) if theme == "dark" else (brightness > 230), where
+    assert seen[("/statekeeper/runs", 1024, "light")]["dates"] >= 3
+
+
+def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
+    chromium_binary: str, api_server: Server, tmp_path: Path
+) -> None:
+    with chromium(chromium_binary, tmp_path / "profile") as page:
+        page.call(
+            "Network.setCookie",
+            name="_token",
+            value=login_token(api_server),
+            url=f"{api_server.url}/",
+            path="/",
+        )
+        page.navigate(f"{api_server.url}/statekeeper/jobs/orders")
+        action = json.loads(
+            page.evaluate(
+                """JSON.stringify((() => {
+                    const a = [...document.querySelectorAll(".actions a")]
+                        .find(a => a.textContent === "Take savepoint");
+                    return a && {href: a.href, target: a.target};
+                })())"""
+            )
+        )
+        assert action is not None and action["target"] == "_top"
+        page.events.clear()
+        page.evaluate(
+            "[...document.querySelectorAll('.actions a')]"
+            ".find(a => a.textContent === 'Take savepoint').click()"
+        )
+        page.wait_for("Page.loadEventFired")
+        landed = json.loads(
+            page.evaluate("JSON.stringify({path: location.pathname, search: location.search})")
+        )
+    assert landed["path"] == "/dags/statekeeper_savepoint", landed
+    from urllib.parse import parse_qs
+
+    assert json.loads(parse_qs(landed["search"].lstrip("?"))["conf"][0]) == {"job": "orders"}

@@ -234,10 +234,9 @@ def test_runs_page_shows_the_maintenance_history(logged_in: TestClient, seeded: 
     html = logged_in.get("/runs").text
     self_contained(html)
     assert "3-3" not in html and "1-3 of 3 runs" in html
-    for cell in ("compaction-1", "orphans-1", "ttl-9"):
-        assert f'<td class="wrap">{cell}</td>' in html
-    for cell in ("ttl_cleanup", "orphan_cleanup"):
-        assert f"<td>{cell}</td>" in html
+    for kind, run in (("compaction", "compaction-1"), ("orphan_cleanup", "orphans-1"),
+                      ("ttl_cleanup", "ttl-9")):  # fmt: skip
+        assert f'<td class="wrap"><b>{kind}</b><br><small>{run}</small></td>' in html
     assert "statekeeper_ttl_cleanup" in html and "scheduled__2025-01-01T00:00:00+00:00" in html
     # the run links to its Airflow DAG run and its task's log, in Airflow's own UI
     dag_run = "../dags/statekeeper_ttl_cleanup/runs/scheduled__2025-01-01T00%3A00%3A00%2B00%3A00"
@@ -245,7 +244,8 @@ def test_runs_page_shows_the_maintenance_history(logged_in: TestClient, seeded: 
     assert f"{dag_run}/tasks/ttl_cleanup/mapped" in parse(html).hrefs
     assert "executor lost &lt;heartbeat&gt;" in html  # the error, escaped
     assert "status-FAILED" in html and "status-SUCCEEDED" in html and "status-RUNNING" in html
-    assert '<td class="num" title="1280">1,280</td>' in html  # rows in/out of the compaction
+    # rows in and out of the compaction, in one cell
+    assert '<td class="num flow" title="in 1280, out 1280"><span>1,280</span> &rarr; ' in html
     assert "running" in html  # orphans-1 has no duration yet
     assert f"snapshots/{seeded.completed_id}" in parse(html).hrefs  # compaction's output
 

@@ -22,6 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,6 +144,13 @@ def api_server(
         "STATEKEEPER_CATALOG_URL": browser_catalog,
     }
     log = work / "api-server.log"
+    # the DAGs in Airflow's database, as the DAG processor would put them: their pages and
+    # trigger forms render (the job suggestions read this catalog at parse time)
+    parsed = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "dags", "reserialize"],
+        env=env, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert parsed.returncode == 0, parsed.stdout[-2000:] + parsed.stderr[-2000:]
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
@@ -389,7 +397,68 @@ def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
         landed = json.loads(
             page.evaluate("JSON.stringify({path: location.pathname, search: location.search})")
         )
+        # Airflow's own trigger form of that DAG, its job field suggesting the catalog's jobs
+        appear(page, '[data-testid="trigger-dag-button"]')
+        page.evaluate("document.querySelector('[data-testid=\"trigger-dag-button\"]').click()")
+        appear(page, 'input[name="element_job"]')
+        form = json.loads(
+            page.evaluate(
+                """JSON.stringify((() => {
+                    const input = document.querySelector('input[name="element_job"]');
+                    const list = input.list;
+                    return {suggested: list ? [...list.options].map(o => o.value) : []};
+                })())"""
+            )
+        )
+        # fill the job in as a person would (React sees an input event) and trigger the run
+        page.evaluate(
+            """(() => {
+                const input = document.querySelector('input[name="element_job"]');
+                const proto = HTMLInputElement.prototype;
+                Object.getOwnPropertyDescriptor(proto, "value").set.call(input, "orders");
+                input.dispatchEvent(new Event("input", {bubbles: true}));
+            })()"""
+        )
+        appear(page, '[data-testid="trigger-dag-submit"]:not([disabled])')
+        page.evaluate("document.querySelector('[data-testid=\"trigger-dag-submit\"]').click()")
+        # on success Airflow's UI closes the form (and shows the new run)
+        until(page, "!document.querySelector('[data-testid=\"trigger-dag-submit\"]')")
+        runs = dag_runs(api_server, "statekeeper_savepoint")
     assert landed["path"] == "/dags/statekeeper_savepoint", landed
     from urllib.parse import parse_qs
 
     assert json.loads(parse_qs(landed["search"].lstrip("?"))["conf"][0]) == {"job": "orders"}
+    assert form["suggested"] == ["orders"]
+    assert [r["conf"]["job"] for r in runs] == ["orders"]
+
+
+def appear(page: object, selector: str, timeout: float = 120) -> None:
+    """Wait until ``selector`` matches (see :func:`until`)."""
+    until(page, f"document.querySelector({json.dumps(selector)})", timeout)
+
+
+def until(page: object, condition: str, timeout: float = 120) -> None:
+    """Wait until the JS ``condition`` holds: a promise the page resolves when its own DOM
+    changes make it true (no polling, no sleeping)."""
+    script = (
+        "new Promise(resolve => {"
+        f"  const ok = () => Boolean({condition});"
+        "  if (ok()) { resolve(true); return; }"
+        "  new MutationObserver((_, o) => { if (ok()) { o.disconnect(); resolve(true); } })"
+        "    .observe(document, {subtree: true, childList: true, attributes: true});"
+        "})"
+    )
+    result = page.call(  # type: ignore[attr-defined]
+        "Runtime.evaluate", timeout=timeout, expression=script, awaitPromise=True,
+        returnByValue=True,
+    )  # fmt: skip
+    assert result["result"].get("value") is True, (condition, result)
+
+
+def dag_runs(server: Server, dag_id: str) -> list[dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{server.url}/api/v2/dags/{dag_id}/dagRuns",
+        headers={"Authorization": f"Bearer {login_token(server)}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return list(json.load(answer)["dag_runs"])

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from state_engine.catalog import Catalog, SnapshotRecord
+from state_engine.catalog import Catalog, RunRecord, SnapshotRecord
 from state_engine.config import Settings
 from state_engine.errors import (
     CheckpointError,
@@ -44,14 +44,19 @@ READS: dict[str, tuple[str, ...]] = {
 WRITES_DIRS = ("savepoint", "ttl_cleanup", "rescale")
 
 
-def pinned_snapshot(catalog: Catalog, run_id: str | None) -> int | None:
-    """The input snapshot an earlier attempt of ``run_id`` recorded, if any."""
+def _earlier(catalog: Catalog, run_id: str | None) -> RunRecord | None:
     if not run_id:
         return None
     try:
-        return catalog.get_run(run_id).input_snapshot_id
+        return catalog.get_run(run_id)
     except NoSuchRun:
         return None
+
+
+def pinned_snapshot(catalog: Catalog, run_id: str | None) -> int | None:
+    """The input snapshot an earlier attempt of ``run_id`` recorded, if any."""
+    earlier = _earlier(catalog, run_id)
+    return None if earlier is None else earlier.input_snapshot_id
 
 
 def _known_job(catalog: Catalog, job: Any) -> str | None:
@@ -260,10 +265,13 @@ def check_before_spark(
     """
     settings = settings or Settings.from_env()
     params = dict(params)
-    if kind in READS and params.get("snapshot") is None:
-        pinned = pinned_snapshot(catalog, run_id)
-        if pinned is not None:
-            params["snapshot"] = pinned
+    earlier = _earlier(catalog, run_id)
+    pinned = None if earlier is None else earlier.input_snapshot_id
+    if kind in READS and params.get("snapshot") is None and pinned is not None:
+        params["snapshot"] = pinned
+    if earlier is not None and earlier.status == "SUCCEEDED":
+        # done already (its input may be compacted away since): the run returns its report
+        return {k: v for k, v in params.items() if v is not None}
     try:
         return check_inputs(kind, catalog, params, settings)
     except StatekeeperError as exc:

@@ -197,6 +197,15 @@ def test_a_retry_reads_the_input_snapshot_of_its_first_attempt(cat_env: dict[str
         )
         run(None, cat, run_id="r-1", job="orders")
         assert cat.get_run("r-1").status == "SUCCEEDED"
+        # a task retried after its run succeeded passes (its report is returned), even though
+        # its input is no longer usable
+        pending_input = cat.begin_snapshot("orders", location="file:///x", parallelism=1)
+        cat.start_run("r-2", "ttl_cleanup", job="orders", input_snapshot_id=pending_input.id)
+        cat.finish_run("r-2")
+        assert check_before_spark("ttl_cleanup", cat, {"job": "orders"}, run_id="r-2") == {
+            "job": "orders",
+            "snapshot": pending_input.id,
+        }
     assert seen == [cat_env["native"], cat_env["native"]]
 
 

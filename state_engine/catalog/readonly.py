@@ -125,6 +125,12 @@ def _is_timeout(exc: DBAPIError, sqlite: bool) -> bool:
     return getattr(exc.orig, "sqlstate", None) == "57014"  # query_canceled
 
 
+def _begin_postgres(conn: Connection, timeout_s: float) -> None:
+    conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+    # the server stops the statement itself; local to this (rolled back) transaction
+    conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
+
+
 def run_readonly(
     engine: Engine,
     sql: str,
@@ -153,16 +159,25 @@ def run_readonly(
                 conn.exec_driver_sql("PRAGMA query_only = ON")
                 limits = _sqlite_limits(conn, timeout_s, max_bytes)
             else:
-                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-                # the server stops the statement itself; local to this (rolled back) transaction
-                conn.exec_driver_sql(
-                    f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}"
-                )
+                _begin_postgres(conn, timeout_s)
                 limits = nullcontext()
             with limits:
-                result = conn.execution_options(stream_results=not sqlite).exec_driver_sql(
-                    statement
-                )
+                try:
+                    # rows are streamed (a server-side cursor on PostgreSQL): reading stops at
+                    # the caps without the rest ever reaching this process
+                    # per statement: Connection.execution_options would stay on the connection
+                    result = conn.exec_driver_sql(
+                        statement, execution_options={"stream_results": not sqlite}
+                    )
+                except DBAPIError as exc:
+                    # a cursor takes SELECT and VALUES only: EXPLAIN, or a write hidden in a WITH,
+                    # runs as a plain statement (the read-only transaction still refuses writes)
+                    # (42601: syntax error; 0A000: a data-modifying WITH in a cursor)
+                    if sqlite or getattr(exc.orig, "sqlstate", None) not in ("42601", "0A000"):
+                        raise
+                    conn.rollback()
+                    _begin_postgres(conn, timeout_s)
+                    result = conn.exec_driver_sql(statement)
                 if not result.returns_rows:
                     raise ReadOnlyViolation(
                         "the statement returned no rows; pass one SELECT statement"

@@ -419,11 +419,17 @@ def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
                 input.dispatchEvent(new Event("input", {bubbles: true}));
             })()"""
         )
+        # the session's Airflow database may hold runs of this DAG from other tests
+        before = {r["dag_run_id"] for r in dag_runs(api_server, "statekeeper_savepoint")}
         appear(page, '[data-testid="trigger-dag-submit"]:not([disabled])')
         page.evaluate("document.querySelector('[data-testid=\"trigger-dag-submit\"]').click()")
         # on success Airflow's UI closes the form (and shows the new run)
         until(page, "!document.querySelector('[data-testid=\"trigger-dag-submit\"]')")
-        runs = dag_runs(api_server, "statekeeper_savepoint")
+        runs = [
+            r
+            for r in dag_runs(api_server, "statekeeper_savepoint")
+            if r["dag_run_id"] not in before
+        ]
     assert landed["path"] == "/dags/statekeeper_savepoint", landed
     from urllib.parse import parse_qs
 

@@ -50,3 +50,9 @@ def test_one_huge_value_is_refused_on_sqlite(tmp_path, sqlite_template) -> None:
         with pytest.raises(QueryFailed, match=r"longer than the output cap .* --max-bytes"):
             cat.query("SELECT randomblob(100000000)", max_bytes=1 << 20)
         assert cat.query("SELECT length(randomblob(1000))").rows == [(1000,)]
+
+
+def test_explain_still_runs_under_the_caps(catalog: Catalog) -> None:
+    # PostgreSQL streams rows through a cursor, which takes no EXPLAIN: it runs as a plain query
+    result = catalog.query("EXPLAIN SELECT * FROM sk_jobs", max_rows=50)
+    assert result.rows and result.truncated is None

@@ -24,7 +24,14 @@ from state_engine.catalog import Catalog
 from state_engine.checkpoint.metadata import FileKind, SnapshotFile
 from state_engine.errors import InvalidJobParams
 from state_engine.jobs.inputs import InputSnapshot, load_input
-from state_engine.jobs.state_inspect import COLUMNS, _Decoder, decoder_specs, parse_key
+from state_engine.jobs.state_inspect import (
+    _POSITION,
+    COLUMNS,
+    _decode,
+    _Decoder,
+    decoder_specs,
+    parse_key,
+)
 from state_engine.keygroups import assign_to_key_group
 from state_engine.serde import serializer_from_snapshot
 
@@ -93,11 +100,41 @@ def plan_show(
     return ShowPlan(inp, specs, files, key_bytes, state)
 
 
+def _decoded(decoder: _Decoder, operator: str, table: pa.Table) -> list[dict[str, Any]]:
+    """The Spark path's decoding (:meth:`_Decoder.batch`) as dicts: building Arrow arrays from
+    Python lists makes pyarrow import pandas, which costs seconds a small read does not have."""
+    key_ser = decoder.keys.get(operator)
+    cols = {n: table.column(n).to_pylist() for n in table.column_names}
+    out = []
+    for i, state in enumerate(cols["state"]):
+        kind, sers = decoder.states.get((operator, state), ("", {}))
+        uk = cols["user_key"][i]
+        if uk is None:
+            user_key = None
+        elif kind == "LIST" and len(uk) == _POSITION.size:
+            user_key = str(_POSITION.unpack(uk)[0])
+        else:
+            user_key = _decode(sers.get("user_key"), uk)
+        out.append(
+            {
+                "operator": operator,
+                "key_group": cols["key_group"][i],
+                "state": state,
+                "key": _decode(key_ser, cols["key"][i]),
+                "namespace": _decode(sers.get("namespace"), cols["namespace"][i]),
+                "user_key": user_key,
+                "value": _decode(sers.get("value"), cols["value"][i]),
+                "expires_at": cols["expires_at"][i],
+            }
+        )
+    return out
+
+
 def read_rows(plan: ShowPlan, limit: int | None = 100) -> list[dict[str, Any]]:
     """The decoded rows of ``plan`` read with pyarrow, in the Spark path's order."""
     snap = plan.inp.snapshot
     decoder = _Decoder(plan.specs)
-    out: list[pa.RecordBatch] = []
+    rows: list[dict[str, Any]] = []
     for op, chosen in plan.files.items():
         for f, groups in chosen:
             with snap.fs.open(snap.resolve(f.path), "rb") as handle:
@@ -109,12 +146,7 @@ def read_rows(plan: ShowPlan, limit: int | None = 100) -> list[dict[str, Any]]:
                 )
             if plan.state is not None:
                 table = table.filter(pc.equal(table.column("state"), plan.state))
-            for batch in table.to_batches():
-                if batch.num_rows:
-                    out.append(decoder.batch(op, batch))
-    if not out:
-        return []
-    rows = pa.Table.from_batches(out).to_pylist()
+            rows.extend(_decoded(decoder, op, table))
     rows.sort(
         key=lambda r: (
             r["operator"],

@@ -53,7 +53,8 @@ def test_the_local_read_gives_the_spark_paths_rows(
     spark: Any, catalog: Catalog, snapshot: Any
 ) -> None:
     sid = snapshot.record.id
-    for filters in ({}, {"key": "user-4"}, {"state": "count"}, {"key": "user-7", "state": "tags"}):
+    # every row, and a key and state filter together (each Spark read costs seconds)
+    for filters in ({}, {"key": "user-7", "state": "tags"}):
         local = read_rows(plan_show(catalog, sid, **filters), limit=None)
         spark_rows = show_rows(spark, catalog, sid, limit=None, **filters)
         assert local, filters

@@ -27,9 +27,14 @@ Where Spark runs (see :mod:`statekeeper_airflow.spark_submit`):
   report is read back from the catalog by run id once spark-submit exits, not parsed from the
   driver's log (which a cluster-mode driver does not send back).
 
-Errors that a retry cannot fix (an unknown job, snapshot or parameter, a snapshot in the wrong
-state or format, a bad setting) fail the task at once with the job's message; others (a lease held
-by another deleting run, Spark or storage failures) fail it for Airflow's retries.
+Before any Spark session starts or spark-submit runs, the inputs are checked against the catalog
+(:mod:`state_engine.jobs.preflight`: the job exists, the snapshot is the job's, COMPLETED and in a
+format the job reads, the parallelism fits the max parallelism, a savepoint directory is inside
+the job's roots or ``STATEKEEPER_ALLOWED_SAVEPOINT_DIRS``) and the input snapshot is pinned: a
+retry reads what the first try read. Errors that a retry cannot fix (those, a bad setting) fail the
+task at once (``AirflowFailException``) with the job's message and are recorded as a FAILED run of
+the job; others (a lease held by another deleting run, Spark or storage failures) fail it for
+Airflow's retries.
 """
 
 from __future__ import annotations

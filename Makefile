@@ -41,11 +41,21 @@ browser:
 # Airflow on the embedded defaults: one process tree (`airflow standalone`: scheduler, DAG
 # processor, triggerer, API server) on SQLite under .statekeeper/airflow. Ctrl-C stops it.
 # PATH: standalone starts its components as `airflow ...` subprocesses.
+# Loopback only by default: the simple auth manager keeps its password in a plain file, so the UI
+# is not offered to the network unless asked (`make airflow AIRFLOW_HOST=0.0.0.0`). Task slots
+# follow the machine's cores (Airflow's default is 32 on any machine); one API server worker.
+# The DAGs come up unpaused here, so the hourly maintenance and daily TTL cleanup really run.
 AIRFLOW_PORT ?= 8080
+AIRFLOW_HOST ?= 127.0.0.1
+AIRFLOW_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
 SK_HOME      := $(CURDIR)/.statekeeper
 AIRFLOW_ENV  := STATEKEEPER_HOME=$(SK_HOME) AIRFLOW_HOME=$(SK_HOME)/airflow \
 	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__API__HOST=$(AIRFLOW_HOST) AIRFLOW__API__WORKERS=1 \
+	AIRFLOW__CORE__PARALLELISM=$(AIRFLOW_WORKERS) \
+	AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES=1 \
+	AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False \
 	AIRFLOW__API__BASE_URL=http://localhost:$(AIRFLOW_PORT) PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
 airflow: install
@@ -54,8 +64,13 @@ airflow: install
 	@echo ""
 	@echo "Airflow UI:  http://localhost:$(AIRFLOW_PORT)/  (Statekeeper pages: Browse > Statekeeper,"
 	@echo "             or http://localhost:$(AIRFLOW_PORT)/statekeeper/)"
+	@echo "Listening:   $(AIRFLOW_HOST):$(AIRFLOW_PORT) only (another: make airflow AIRFLOW_HOST=0.0.0.0)"
+	@echo "Tasks:       $(AIRFLOW_WORKERS) at a time (make airflow AIRFLOW_WORKERS=N)"
 	@echo "Login:       user admin; the password is generated on first start into"
 	@echo "             $(SK_HOME)/airflow/simple_auth_manager_passwords.json.generated"
+	@echo "Schedules:   new DAGs start unpaused (maintenance hourly, TTL cleanup daily, health);"
+	@echo "             one paused earlier: $(VENV)/bin/airflow dags unpause statekeeper_maintenance"
+	@echo "             (with AIRFLOW_HOME=$(SK_HOME)/airflow), or its toggle in the UI"
 	@echo "Stop:        Ctrl-C"
 	@echo ""
 	$(AIRFLOW_ENV) exec $(VENV)/bin/airflow standalone

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import Param, dag
+from statekeeper_airflow.actions import known_jobs
 from statekeeper_airflow.operators import StatekeeperJobOperator
 
 DOC = """
@@ -23,8 +24,10 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
 **Params**
 - `job`: the job to capture (required).
 - `source_snapshot`: the snapshot id to capture; empty: the job's latest completed snapshot.
-- `target_dir`: where to write it (a URL Spark and the workers reach, or a path under the
-  checkpoint root); empty: the job's default savepoint directory.
+- `target_dir`: where to write it: a path under the job's checkpoint root, or a URL under the
+  root or under a directory named in `STATEKEEPER_ALLOWED_SAVEPOINT_DIRS` (comma-separated URLs,
+  set on the workers); anything else is refused before Spark starts. Empty: the job's default
+  savepoint directory.
 - `drop_expired`: leave out entries whose processing-time TTL had expired when the run was
   triggered.
 """
@@ -44,6 +47,8 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
         "job": Param(
             type="string",
             minLength=1,
+            # the catalog's jobs when this file was parsed, as suggestions (any name is accepted)
+            **({"examples": jobs} if (jobs := known_jobs()) else {}),
             title="Job",
             description="Name of the Statekeeper job to capture (as listed by `statectl jobs`).",
         ),
@@ -59,8 +64,9 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             None,
             type=["null", "string"],
             title="Target directory",
-            description="Where to write the savepoint: a URL (s3://..., file:///...) or a path "
-            "under the checkpoint root; leave empty for the job's savepoint directory.",
+            description="Where to write the savepoint: a path under the job's checkpoint root, "
+            "or a URL under it or under STATEKEEPER_ALLOWED_SAVEPOINT_DIRS; leave empty for the "
+            "job's savepoint directory.",
         ),
         "drop_expired": Param(
             False,

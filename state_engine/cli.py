@@ -27,44 +27,12 @@ Handler = Callable[[argparse.Namespace], int]
 # --- output ---
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, datetime):
-        return value.isoformat(timespec="seconds")
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Plain aligned columns; numbers right-aligned, everything else left."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [len(c) for c in columns]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    numeric = [
-        any(r[i] is not None for r in rows)
-        and all(isinstance(r[i], int | float | Decimal) or r[i] is None for r in rows)
-        for i in range(len(columns))
-    ]
+    """statectl's tables: byte columns as sizes, control characters escaped."""
+    from state_engine.formatting import BYTE_COLUMNS
+    from state_engine.formatting import format_table as table
 
-    def line(values: Sequence[str]) -> str:
-        parts = [
-            v.rjust(w) if num else v.ljust(w)
-            for v, w, num in zip(values, widths, numeric, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
-    out = [line(columns), line(["-" * w for w in widths])]
-    out.extend(line(row) for row in cells)
-    if not rows:
-        out.append("(no rows)")
-    return "\n".join(out)
+    return table(columns, rows, sizes=BYTE_COLUMNS)
 
 
 def _json_default(value: Any) -> Any:
@@ -154,13 +122,27 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshots(args: argparse.Namespace) -> int:
+    from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
+
     with _open_catalog() as catalog:
         snaps = catalog.list_snapshots(args.job, status=args.status, limit=args.limit)
+    if args.json:
+        _print_json(
+            [{**dataclasses.asdict(s), "entries_estimated": is_estimated(s.format)} for s in snaps]
+        )
+        return 0
     columns = [
         "id", "checkpoint_id", "kind", "format", "status", "parallelism", "bytes", "entries",
         "created_at", "completed_at", "trigger",
     ]  # fmt: skip
-    _print_records(args, snaps, columns)
+    rows = [
+        [estimate_text(s.entries, s.format) if c == "entries" and is_estimated(s.format)
+         else getattr(s, c) for c in columns]
+        for s in snaps
+    ]  # fmt: skip
+    print(format_table(columns, rows))
+    if any(is_estimated(s.format) for s in snaps):
+        print(f"~ entries of native snapshots are {ESTIMATE_NOTE}")
     return 0
 
 
@@ -169,13 +151,33 @@ def cmd_show(args: argparse.Namespace) -> int:
         snap = catalog.get_snapshot(args.snapshot)
         sizes = [p for p in catalog.state_size_history(snap.job_id) if p.snapshot_id == snap.id]
         skew = catalog.key_group_skew(snap.id)
+    from state_engine.formatting import (
+        BYTE_COLUMNS,
+        ESTIMATE_NOTE,
+        cell_text,
+        escape_control,
+        estimate_text,
+        human_bytes,
+        is_estimated,
+    )
+
+    estimated = is_estimated(snap.format)
     if args.json:
-        _print_json({"snapshot": snap, "sizes": sizes, "skew": skew})
+        _print_json(
+            {
+                "snapshot": {**dataclasses.asdict(snap), "entries_estimated": estimated},
+                "sizes": sizes,
+                "skew": [{**dataclasses.asdict(k), "estimated": estimated} for k in skew],
+            }
+        )
         return 0
     fields = dataclasses.asdict(snap)
     width = max(len(k) for k in fields)
     for key, value in fields.items():
-        print(f"{key.ljust(width)}  {_cell(value)}")
+        text = human_bytes(value) if key in BYTE_COLUMNS and value is not None else value
+        if key == "entries" and estimated:
+            text = f"{estimate_text(value, snap.format)} ({ESTIMATE_NOTE})"
+        print(f"{key.ljust(width)}  {escape_control(cell_text(text))}")
     if sizes:
         print("\nstate size per operator")
         print(
@@ -185,7 +187,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             )
         )
     if skew:
-        print("\nkey-group skew (max / mean rows per key group)")
+        print(
+            "\nkey-group skew (max / mean rows per key group)"
+            + (f" ~ ESTIMATED: {ESTIMATE_NOTE}" if estimated else "")
+        )
         print(
             format_table(
                 ["operator", "key_groups", "total_rows", "max_rows", "mean_rows", "skew"],
@@ -219,13 +224,54 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    from state_engine.formatting import format_table as table
+
     with _open_catalog() as catalog:
-        result = catalog.query(args.query, max_rows=args.max_rows)
+        result = catalog.query(
+            args.query, max_rows=args.max_rows, timeout_s=args.timeout, max_bytes=args.max_bytes
+        )
     if args.json:
         _print_json([dict(zip(result.columns, row, strict=True)) for row in result.rows])
     else:
-        print(format_table(result.columns, result.rows))
+        # a query's own numbers stay as the database returned them: no size columns here
+        print(table(result.columns, result.rows))
+    if result.truncated:
+        print(
+            f"statectl: output cut at {result.truncated}: narrow the query (WHERE, LIMIT) or "
+            "raise --max-rows / --max-bytes",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+        return value
+
+    return parse
+
+
+def _byte_count(text: str) -> int:
+    """``1048576``, ``512K``, ``16M``, ``1G`` (binary units)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(raw[-1:], 1)
+    number = raw[:-1] if raw[-1:] in units else raw
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; use e.g. 1048576 or 16M"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+    return value
 
 
 # --- parser ---
@@ -241,7 +287,8 @@ def _command(
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """statectl's parser; given the command line ``argv``, only what that line needs is imported."""
     parser = argparse.ArgumentParser(
         prog="statectl", description="Inspect and maintain the state of stream-processing jobs."
     )
@@ -279,14 +326,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     sql = _command(commands, "sql", cmd_sql, "run one read-only SELECT against the catalog")
     sql.add_argument("query", metavar="QUERY", help='e.g. "SELECT * FROM sk_v_latest_snapshots"')
-    sql.add_argument("--max-rows", type=int, default=None, help="stop after this many rows")
+    sql.add_argument(
+        "--max-rows",
+        type=_positive(int),
+        default=10_000,
+        help="print at most this many rows (10000)",
+    )
+    sql.add_argument(
+        "--max-bytes",
+        type=_byte_count,
+        default=16 << 20,
+        help="read at most this much output, e.g. 512K (default 16M)",
+    )
+    sql.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=30.0,
+        metavar="SECONDS",
+        help="stop the query after this long (default 30)",
+    )
 
     # `maintain NAME` and `state show`: the Spark jobs register their own commands (pyspark is
     # imported only when one of them runs, so the catalog commands stay quick).
     register_job_commands(commands)
-    from state_engine.verify import register as register_verify
+    # verify imports the catalog, fsspec and pyarrow (seconds): its parser is built only when
+    # the command line names it, so that `statectl --help` and usage errors stay instant
+    if argv is None or "verify" in argv:
+        from state_engine.verify import register as register_verify
 
-    register_verify(commands)
+        register_verify(commands)
+    else:
+        commands.add_parser(
+            "verify", help="check the catalog against storage (see `statectl verify --help`)"
+        )
     return parser
 
 
@@ -295,7 +367,8 @@ _EXTRA_OF = {"pyspark": "spark", "pandas": "spark", "psycopg": "postgres", "s3fs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:

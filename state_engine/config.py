@@ -21,6 +21,8 @@ class Settings:
     catalog_url: str
     checkpoint_root: str
     spark_master: str
+    # savepoint directories outside the job's checkpoint root that jobs may write to (URLs)
+    allowed_savepoint_dirs: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -39,9 +41,11 @@ class Settings:
                 f"STATEKEEPER_CATALOG_URL={catalog_url!r} is not a database URL; use e.g. "
                 "'postgresql+psycopg://user@host:5432/db' or 'sqlite:////abs/path/catalog.db'"
             )
+        allowed = env.get("STATEKEEPER_ALLOWED_SAVEPOINT_DIRS", "")
         return cls(
             home=home,
             catalog_url=catalog_url,
             checkpoint_root=checkpoint_root,
             spark_master=spark_master,
+            allowed_savepoint_dirs=tuple(d.strip() for d in allowed.split(",") if d.strip()),
         )

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -41,6 +42,7 @@ from state_engine.config import Settings
 from state_engine.demo_airflow import REPO, AirflowCli, DemoAirflowError, failure_message
 from state_engine.errors import NotFound, StatekeeperError
 from state_engine.examples import fraud
+from state_engine.formatting import human_bytes
 from state_engine.runtime import FileSink, JobRunner
 
 JOB = fraud.JOB_NAME
@@ -56,17 +58,26 @@ class DemoFailed(StatekeeperError):
 # --- output ---
 
 
+#: Off a terminal (a log, CI), a long step still prints a line at least this often.
+HEARTBEAT_S = 10.0
+
+
 class Console:
-    """Stage lines with timings; a progress bar or elapsed counter when stdout is a terminal."""
+    """Stage lines with timings; a progress bar or elapsed counter when stdout is a terminal, and
+    a line every :data:`HEARTBEAT_S` during a long step when it is not (nobody waits in silence)."""
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out if out is not None else sys.stdout
         self.tty = self.out.isatty()
         self._live = False
+        self._lock = threading.RLock()  # the heartbeat thread writes too
+        self._last_line = time.monotonic()
 
     def line(self, text: str = "", indent: int = 6) -> None:
-        self._clear_live()
-        print(" " * indent + text if text else "", file=self.out, flush=True)
+        with self._lock:
+            self._clear_live()
+            print(" " * indent + text if text else "", file=self.out, flush=True)
+            self._last_line = time.monotonic()
 
     def _clear_live(self) -> None:
         if self._live:
@@ -76,19 +87,47 @@ class Console:
     def live(self, text: str) -> None:
         """A line that the next output replaces (terminals only)."""
         if self.tty:
-            self.out.write("\r\x1b[2K      " + text)
-            self.out.flush()
-            self._live = True
+            with self._lock:
+                self.out.write("\r\x1b[2K      " + text)
+                self.out.flush()
+                self._live = True
 
     def progress(self, done: int, total: int, label: str) -> None:
         width = 30
         filled = int(width * done / total) if total else width
-        self.live(f"[{'#' * filled}{'.' * (width - filled)}] {done:,}/{total:,} {label}")
+        if self.tty:
+            self.live(f"[{'#' * filled}{'.' * (width - filled)}] {done:,}/{total:,} {label}")
+        elif time.monotonic() - self._last_line >= HEARTBEAT_S:
+            self.line(f"... {done:,}/{total:,} {label}")
+
+    @contextmanager
+    def ticking(self, label: str) -> Iterator[None]:
+        """While the block runs: an elapsed counter on a terminal, else a line every 10 s."""
+        done = threading.Event()
+        started = time.perf_counter()
+
+        def beat() -> None:
+            while not done.wait(1.0 if self.tty else 0.5):
+                elapsed = time.perf_counter() - started
+                if self.tty:
+                    self.live(f"{label} ... {elapsed:.0f} s")
+                elif time.monotonic() - self._last_line >= HEARTBEAT_S:
+                    self.line(f"... {label}: running for {seconds(elapsed)}")
+
+        thread = threading.Thread(target=beat, name="demo-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     @contextmanager
     def stage(self, number: int, title: str) -> Iterator[None]:
-        self._clear_live()
-        print(f"[{number}/{STAGES}] {title}", file=self.out, flush=True)
+        with self._lock:
+            self._clear_live()
+            print(f"[{number}/{STAGES}] {title}", file=self.out, flush=True)
+            self._last_line = time.monotonic()
         started = time.perf_counter()
         yield
         self.line(f"({seconds(time.perf_counter() - started)})")
@@ -99,15 +138,7 @@ def seconds(s: float) -> str:
 
 
 def size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024  # type: ignore[assignment]
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n:.1f} TiB"
+    return human_bytes(n)
 
 
 def when(ms: int) -> str:
@@ -204,19 +235,17 @@ class AirflowMaintainer:
 
     def prepare(self, console: Console) -> None:
         self.console = console
-        self.cli = AirflowCli(
-            self.settings,
-            self.log_dir,
-            on_tick=lambda s: console.live(f"running ... {s:.0f} s") if console.tty else None,
-        )
-        took = self.cli.migrate()
+        self.cli = AirflowCli(self.settings, self.log_dir)
+        with console.ticking("airflow db migrate"):
+            took = self.cli.migrate()
         console.line(f"airflow db migrate ({self.cli.home}): {seconds(took)}")
 
     def run(
         self, dag_id: str, conf: dict[str, Any], jobs: list[tuple[str, dict[str, Any]]]
     ) -> Step:
         assert self.cli is not None and self.console is not None, "prepare() first"
-        test = self.cli.dags_test(dag_id, conf)
+        with self.console.ticking(f"airflow dags test {dag_id}"):
+            test = self.cli.dags_test(dag_id, conf)
         if not test.succeeded:
             raise DemoAirflowError(failure_message(test))
         runs: dict[str, RunRecord] = {}
@@ -272,9 +301,10 @@ class SparkMaintainer:
                 )
         started = time.perf_counter()
         for kind, params in jobs:
-            report = JOBS[kind].runner()(
-                self.spark, self.catalog, settings=self.settings, job=JOB, **params
-            )
+            with self.console.ticking(kind):
+                report = JOBS[kind].runner()(
+                    self.spark, self.catalog, settings=self.settings, job=JOB, **params
+                )
             runs[kind] = self.catalog.get_run(report["run_id"])
             if runs[kind].status != "SUCCEEDED":
                 raise DemoFailed(f"{kind} of {JOB!r}: {runs[kind].status}: {runs[kind].error}")
@@ -368,7 +398,8 @@ class Demo:
     # 2
     def reference(self) -> list[dict[str, Any]]:
         started = time.perf_counter()
-        alerts = fraud.reference_alerts(**self.size.stream())
+        with self.console.ticking("the reference run"):
+            alerts = fraud.reference_alerts(**self.size.stream())
         took = time.perf_counter() - started
         counts = by_rule(alerts)
         self.console.line(

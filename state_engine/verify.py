@@ -35,6 +35,7 @@ from state_engine.catalog.records import JobRecord, SnapshotFileRecord, Snapshot
 from state_engine.checkpoint.metadata import METADATA_FILE, SnapshotMetadata
 from state_engine.checkpoint.storage import SnapshotDir, format_checksum, resolve_storage
 from state_engine.errors import StatekeeperError
+from state_engine.formatting import human_bytes
 
 ERROR, WARNING, PENDING = "ERROR", "WARNING", "PENDING"
 LIVE = ("PENDING", "COMPLETED")
@@ -110,7 +111,8 @@ class VerifyReport:
             lines.append(
                 f"job {j.job} ({j.location or 'no location'}): {j.completed} COMPLETED, "
                 f"{j.pending} PENDING snapshot(s); {j.files_checked} file(s), "
-                f"{_size(j.bytes_checked)} checked ({check}); {j.files_listed} file(s) in storage"
+                f"{human_bytes(j.bytes_checked)} checked ({check}); "
+                f"{j.files_listed} file(s) in storage"
             )
             for f in j.findings:
                 lines.append(f"  {f.level:<7} {f.message}")
@@ -124,14 +126,6 @@ class VerifyReport:
                 "warning(s); do not restore from a snapshot with an ERROR line"
             )
         return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
 
 
 class _Storage:

@@ -134,3 +134,29 @@ def test_a_failed_dag_run_is_reported_with_its_reason(home: Path) -> None:
     assert "`airflow dags test statekeeper_rescale` did not succeed" in message
     assert "dag run state failed" in message and str(test.log) in message
     assert "no-such-job" in test.log.read_text()
+
+
+def test_a_long_step_prints_a_line_every_ten_seconds_off_a_terminal() -> None:
+    """The heartbeat is driven by its own clock: the test moves time by hand, not by waiting."""
+    import io
+    import threading
+
+    from state_engine import demo
+
+    out = io.StringIO()
+    console = demo.Console(out)
+    assert not console.tty
+    console.line("start")
+    console._last_line -= demo.HEARTBEAT_S  # ten seconds of silence have passed
+    console.progress(5, 10, "records")
+    assert out.getvalue().splitlines()[-1].strip() == "... 5/10 records"
+    console.progress(6, 10, "records")  # right after a line: nothing new
+    assert out.getvalue().splitlines()[-1].strip() == "... 5/10 records"
+
+    released = threading.Event()
+    with console.ticking("the reference run"):
+        console._last_line -= demo.HEARTBEAT_S
+        # the heartbeat thread notices the silence on its next beat and prints a line
+        while "running for" not in out.getvalue():
+            released.wait(0.05)
+    assert "... the reference run: running for" in out.getvalue()

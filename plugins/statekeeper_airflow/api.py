@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel
 
 from state_engine.catalog import Catalog, JobRecord, SnapshotRecord
 from state_engine.catalog import Page as CatalogPage
+from state_engine.formatting import is_estimated
 from statekeeper_airflow.auth import api_user
 from statekeeper_airflow.schemas import (
     ErrorOut,
@@ -42,9 +43,13 @@ def get_catalog(request: Request) -> Catalog:
 
 CatalogDep = Annotated[Catalog, Depends(get_catalog)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"page size, at most {MAX_LIMIT}")]
-Offset = Annotated[int, Query(ge=0, description="items to skip")]
+#: Ids and offsets are 64-bit in the catalog: anything larger is a 400, not a database overflow.
+INT64_MAX = (1 << 63) - 1
+Offset = Annotated[int, Query(ge=0, le=INT64_MAX, description="items to skip")]
+SnapshotId = Annotated[int, Path(ge=1, le=INT64_MAX, description="snapshot id")]
 
 ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "a parameter out of range, or an unknown filter value"},
     401: {"model": ErrorOut, "description": "no valid Airflow token"},
     404: {"model": ErrorOut, "description": "unknown job or snapshot"},
     503: {"model": ErrorOut, "description": "catalog unreachable or not at head"},
@@ -120,12 +125,17 @@ def size_history(
     response_model=SnapshotDetail,
     summary="A snapshot, a summary of its files, and its key-group skew per operator",
 )
-def get_snapshot(snapshot_id: int, catalog: CatalogDep) -> SnapshotDetail:
+def get_snapshot(snapshot_id: SnapshotId, catalog: CatalogDep) -> SnapshotDetail:
     snapshot = catalog.get_snapshot(snapshot_id)
     return SnapshotDetail(
         snapshot=SnapshotOut.model_validate(snapshot),
         files=FilesSummary.model_validate(catalog.snapshot_files_summary(snapshot_id)),
-        skew=[SkewOut.model_validate(s) for s in catalog.key_group_skew(snapshot_id)],
+        skew=[
+            SkewOut.model_validate(s).model_copy(
+                update={"estimated": is_estimated(snapshot.format)}
+            )
+            for s in catalog.key_group_skew(snapshot_id)
+        ],
     )
 
 
@@ -135,7 +145,7 @@ def get_snapshot(snapshot_id: int, catalog: CatalogDep) -> SnapshotDetail:
     summary="The files a snapshot references, by operator, subtask and path",
 )
 def snapshot_files(
-    snapshot_id: int, catalog: CatalogDep, limit: Limit = DEFAULT_LIMIT, offset: Offset = 0
+    snapshot_id: SnapshotId, catalog: CatalogDep, limit: Limit = DEFAULT_LIMIT, offset: Offset = 0
 ) -> Page[SnapshotFileOut]:
     files = catalog.snapshot_files_page(snapshot_id, limit=limit, offset=offset)
     return paginate(files, limit, SnapshotFileOut, SnapshotFileOut.model_validate)

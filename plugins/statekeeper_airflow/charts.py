@@ -24,6 +24,11 @@ MAX_BARS = 256
 class Series:
     label: str
     points: Sequence[tuple[datetime, float]]
+    # points that are savepoints: drawn as squares, so a user-owned snapshot stands out
+    savepoints: frozenset[datetime] = frozenset()
+    # a summary line is drawn wide and translucent under the others: a line equal to it (one
+    # operator holding all the state) still shows on top instead of hiding it
+    halo: bool = False
 
 
 def nice_ceiling(value: float, *, binary: bool = False) -> float:
@@ -108,23 +113,38 @@ def line_chart(
         color = COLORS[n % len(COLORS)]
         ordered = sorted(s.points, key=lambda p: p[0])
         coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in ordered)
+        width = 'stroke-width="6" stroke-opacity="0.35"' if s.halo else 'stroke-width="2"'
         parts.append(
-            f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2" '
+            f'<polyline class="series" fill="none" stroke="{color}" {width} '
             f'points="{coords}"><title>{escape(s.label)}</title></polyline>'
         )
         for t, v in ordered:
-            parts.append(
-                f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="3" fill="{color}">'
-                f"<title>{escape(s.label)}: {escape(y_label(v))} at {t.isoformat()}</title>"
-                "</circle>"
+            tip = f"<title>{escape(s.label)}: {escape(y_label(v))} at {t.isoformat()}"
+            if t in s.savepoints:
+                parts.append(
+                    f'<rect class="savepoint" x="{x(t) - 4:.1f}" y="{y(v) - 4:.1f}" width="8" '
+                    f'height="8" fill="{color}">{tip} (savepoint)</title></rect>'
+                )
+            else:
+                parts.append(
+                    f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="3" fill="{color}">'
+                    f"{tip}</title></circle>"
+                )
+    legend = [(COLORS[n % len(COLORS)], s.label[:22]) for n, s in enumerate(series)]
+    if any(s.savepoints for s in series):
+        legend.append(("currentColor", "■ savepoint  ● checkpoint"))
+    if len(legend) > 1:
+        step = (WIDTH - LEFT - RIGHT) / max(len(legend), 4)
+        for n, (color, label) in enumerate(legend):
+            lx = LEFT + 8 + step * n
+            swatch = (
+                ""
+                if color == "currentColor"
+                else f'<rect x="{lx:.1f}" y="{HEIGHT - 14}" width="10" height="10" fill="{color}"/>'
             )
-    if len(series) > 1:
-        for n, s in enumerate(series):
-            lx = LEFT + 8 + 150 * n
             parts.append(
-                f'<rect x="{lx}" y="{HEIGHT - 14}" width="10" height="10" '
-                f'fill="{COLORS[n % len(COLORS)]}"/>'
-                f'<text x="{lx + 14}" y="{HEIGHT - 5}">{escape(s.label[:20])}</text>'
+                f'{swatch}<text x="{lx + (0 if not swatch else 14):.1f}" y="{HEIGHT - 5}">'
+                f"{escape(label)}</text>"
             )
     return _frame(element_id, title, "".join(parts))
 

@@ -7,6 +7,8 @@ app and under any ``[api] base_url`` sub-path.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,44 +17,110 @@ from urllib.parse import quote, urlencode
 
 from fastapi.responses import HTMLResponse
 
-STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5rem; color: #1f2933; }
-h1 { font-size: 1.4rem; margin: 0 0 .25rem; }
-h2 { font-size: 1.1rem; margin: 1.5rem 0 .5rem; }
-p.sub { color: #52606d; margin: 0 0 1rem; }
-nav.top { margin: 0 0 1rem; display: flex; gap: 1rem; }
-a { color: #0967d2; text-decoration: none; } a:hover { text-decoration: underline; }
-table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #e4e7eb; }
-th { background: #f5f7fa; font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.path { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; margin: 0; }
-dl.facts dt { color: #52606d; } dl.facts dd { margin: 0; }
-.none { color: #9aa5b1; }
-.pager { margin: .5rem 0; display: flex; gap: 1rem; align-items: center; color: #52606d; }
-.status { font-weight: 600; font-size: 12px; }
-.status-COMPLETED, .status-SUCCEEDED { color: #0e7c3a; }
-.status-FAILED { color: #cf1124; } .status-PENDING, .status-RUNNING { color: #b44d12; }
-.error { border: 1px solid #e12d39; background: #ffe3e3; padding: .75rem 1rem; border-radius: 4px; }
-.figure { font-size: 1.6rem; font-weight: 600; }
-svg.chart { width: 100%; max-width: 900px; height: auto; display: block; }
-svg.chart text { font: 11px system-ui, sans-serif; fill: currentColor; }
-svg.chart .axis { stroke: #9aa5b1; stroke-width: 1; }
-svg.chart .grid { stroke: #e4e7eb; stroke-width: 1; }
-svg.chart .mean { stroke: #cf1124; stroke-dasharray: 4 3; stroke-width: 1.5; }
-form.filter { display: flex; gap: .75rem; align-items: end; margin: 0 0 1rem; flex-wrap: wrap; }
-form.filter label { display: flex; flex-direction: column; font-size: 12px; color: #52606d; }
-td.error-text { color: #cf1124; max-width: 28rem; }
-@media (prefers-color-scheme: dark) {
-  body { background: #1a202c; color: #e2e8f0; }
-  th { background: #2d3748; } th, td { border-color: #4a5568; }
-  p.sub, dl.facts dt, .pager { color: #a0aec0; }
-  a { color: #63b3ed; }
-  .error { background: #63171b; }
-  svg.chart .grid { stroke: #4a5568; }
+from state_engine.formatting import human_bytes
+
+# Airflow 3's own look: its font stack and its gray/brand palette (oklch, as its Chakra theme).
+LIGHT = {
+    "--fg": "oklch(0.18 0.03 251)",
+    "--bg": "#fff",
+    "--muted": "oklch(0.45 0.055 251)",
+    "--faint": "oklch(0.63 0.042 252)",
+    "--line": "oklch(0.915 0.01 253)",
+    "--head": "oklch(0.985 0.004 253)",
+    "--link": "oklch(0.469 0.084 257.657)",
+    "--ok": "#0e7c3a",
+    "--bad": "#cf1124",
+    "--busy": "#b44d12",
+    "--bad-bg": "#ffe3e3",
+    "--est": "#8a6d00",
 }
+DARK = {
+    "--fg": "oklch(0.955 0.006 253)",
+    "--bg": "oklch(0.18 0.03 251)",
+    "--muted": "oklch(0.75 0.025 252)",
+    "--faint": "oklch(0.63 0.042 252)",
+    "--line": "oklch(0.35 0.045 251)",
+    "--head": "oklch(0.28 0.035 251)",
+    "--link": "oklch(0.705 0.066 256.378)",
+    "--ok": "#56d37f",
+    "--bad": "#ff8a8a",
+    "--busy": "#f0a060",
+    "--bad-bg": "#63171b",
+    "--est": "#e0c060",
+}
+
+
+def _vars(values: Mapping[str, str]) -> str:
+    return " ".join(f"{k}: {v};" for k, v in values.items())
+
+
+STYLE = (
+    f":root {{ {_vars(LIGHT)} color-scheme: light; }}\n"
+    # Airflow's own light/dark choice (the theme script sets the class) wins over the OS's
+    f"html.dark {{ {_vars(DARK)} color-scheme: dark; }}\n"
+    f"@media (prefers-color-scheme: dark) {{ html:not(.light) {{ {_vars(DARK)} "
+    "color-scheme: dark; } }\n"
+    """
+body { font: 14px/1.45 Inter, -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial,
+  sans-serif; margin: 1.5rem; color: var(--fg); background: var(--bg); }
+h1 { font-size: 1.4rem; margin: 0 0 .25rem; overflow-wrap: anywhere; }
+h2 { font-size: 1.1rem; margin: 1.5rem 0 .5rem; }
+p.sub { color: var(--muted); margin: 0 0 1rem; }
+nav.top { margin: 0 0 1rem; display: flex; gap: 1rem; }
+a { color: var(--link); text-decoration: none; } a:hover { text-decoration: underline; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: .4rem .5rem; border-bottom: 1px solid var(--line);
+  vertical-align: top; }
+th { background: var(--head); font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { white-space: nowrap; }
+td.path { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; }
+td.wrap { overflow-wrap: anywhere; min-width: 6rem; }
+td.flow { white-space: normal; } td.flow span { white-space: nowrap; }
+th.num { white-space: normal; }
+td small { color: var(--muted); }
+time { white-space: nowrap; }
+dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; margin: 0; }
+dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; overflow-wrap: anywhere; }
+.none { color: var(--faint); }
+.pager { margin: .5rem 0; display: flex; gap: 1rem; align-items: center; color: var(--muted); }
+.status { font-weight: 600; font-size: 12px; }
+.status-COMPLETED, .status-SUCCEEDED { color: var(--ok); }
+.status-FAILED { color: var(--bad); } .status-PENDING, .status-RUNNING { color: var(--busy); }
+.error { border: 1px solid var(--bad); background: var(--bad-bg); padding: .75rem 1rem;
+  border-radius: 4px; }
+.figure { font-size: 1.6rem; font-weight: 600; }
+.est { color: var(--est); font-weight: 600; cursor: help; }
+.actions { display: flex; flex-wrap: wrap; gap: .5rem; margin: .75rem 0 0; }
+.actions a { border: 1px solid var(--line); border-radius: 4px; padding: .3rem .7rem;
+  background: var(--head); }
+svg.chart { width: 100%; max-width: 900px; height: auto; display: block; }
+svg.chart text { font: 11px Inter, system-ui, sans-serif; fill: currentColor; }
+svg.chart .axis { stroke: var(--faint); stroke-width: 1; }
+svg.chart .grid { stroke: var(--line); stroke-width: 1; }
+svg.chart .mean { stroke: var(--bad); stroke-dasharray: 4 3; stroke-width: 1.5; }
+form.filter { display: flex; gap: .75rem; align-items: end; margin: 0 0 1rem; flex-wrap: wrap; }
+form.filter label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
+td.error-text { color: var(--bad); min-width: 10rem; max-width: 22rem; overflow-wrap: anywhere; }
 """
+)
+
+# Follows the Airflow UI's light/dark setting: the parent page's <html> class (same origin, the
+# iframe of the navigation entry), else the setting Airflow keeps in localStorage ("theme"), else
+# the OS (the CSS media query). Run before the body renders, and again when the setting changes.
+THEME_SCRIPT = (
+    "(function(){var d=document.documentElement;function pick(){var m=null;"
+    "try{var p=window.parent!==window&&window.parent.document.documentElement.classList;"
+    "if(p&&p.contains('dark'))m='dark';else if(p&&p.contains('light'))m='light';}catch(e){}"
+    "if(!m){try{var t=localStorage.getItem('theme');if(t==='dark'||t==='light')m=t;}"
+    "catch(e){}}d.classList.remove('dark','light');if(m)d.classList.add(m);}"
+    "pick();window.addEventListener('storage',pick);"
+    "try{if(window.parent!==window)new MutationObserver(pick).observe("
+    "window.parent.document.documentElement,{attributes:true});}catch(e){}})();"
+)
+THEME_SCRIPT_HASH = (
+    "'sha256-" + base64.b64encode(hashlib.sha256(THEME_SCRIPT.encode()).digest()).decode() + "'"
+)
 
 
 def document(title: str, body: str, *, root: str = "") -> str:
@@ -64,7 +132,8 @@ def document(title: str, body: str, *, root: str = "") -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(title)}</title><style>{STYLE}</style></head>"
+        f"<title>{escape(title)}</title><style>{STYLE}</style>"
+        f"<script>{THEME_SCRIPT}</script></head>"
         f"<body>{nav}{body}</body></html>"
     )
 
@@ -88,15 +157,6 @@ def link(href: str, text: str) -> str:
 
 def status_badge(status: str) -> str:
     return f'<span class="status status-{escape(status)}">{escape(status.lower())}</span>'
-
-
-def human_bytes(size: int | float) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def human_count(n: int | float) -> str:
@@ -127,10 +187,12 @@ def human_duration(seconds: float | None) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-def timestamp(value: datetime | None) -> str:
+def timestamp(value: datetime | None, *, short: bool = False) -> str:
+    """A UTC time that never wraps; ``short`` drops the seconds (the tooltip keeps them)."""
     if value is None:
         return '<span class="none">-</span>'
-    return f'<time datetime="{value.isoformat()}">{value.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
+    shown = value.strftime("%Y-%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S")
+    return f'<time datetime="{value.isoformat()}" title="{value.isoformat()}">{shown} UTC</time>'
 
 
 def number(value: int | None, *, as_bytes: bool = False) -> str:

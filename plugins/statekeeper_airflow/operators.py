@@ -27,9 +27,14 @@ Where Spark runs (see :mod:`statekeeper_airflow.spark_submit`):
   report is read back from the catalog by run id once spark-submit exits, not parsed from the
   driver's log (which a cluster-mode driver does not send back).
 
-Errors that a retry cannot fix (an unknown job, snapshot or parameter, a snapshot in the wrong
-state or format, a bad setting) fail the task at once with the job's message; others (a lease held
-by another deleting run, Spark or storage failures) fail it for Airflow's retries.
+Before any Spark session starts or spark-submit runs, the inputs are checked against the catalog
+(:mod:`state_engine.jobs.preflight`: the job exists, the snapshot is the job's, COMPLETED and in a
+format the job reads, the parallelism fits the max parallelism, a savepoint directory is inside
+the job's roots or ``STATEKEEPER_ALLOWED_SAVEPOINT_DIRS``) and the input snapshot is pinned: a
+retry reads what the first try read. Errors that a retry cannot fix (those, a bad setting) fail the
+task at once (``AirflowFailException``) with the job's message and are recorded as a FAILED run of
+the job; others (a lease held by another deleting run, Spark or storage failures) fail it for
+Airflow's retries.
 """
 
 from __future__ import annotations
@@ -161,6 +166,7 @@ def run_maintenance(
         kind, merged.get("job"), dag_id=dag_id, task_id=ti.task_id, airflow_run_id=airflow_run_id
     )
     try:
+        merged = check_before_spark(kind, merged, ids)
         if target.in_process:
             report = _run_in_process(kind, merged, ids, target, app_name=name)
         else:
@@ -183,6 +189,18 @@ def run_maintenance(
     if emit:
         emit_snapshot_event(context, report, kind)
     return report
+
+
+def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+    """The run's params checked against the catalog (and its input pinned) before any Spark
+    starts; a refusal is recorded as a FAILED run of the job and raised."""
+    from state_engine.catalog import Catalog
+    from state_engine.config import Settings
+    from state_engine.jobs.preflight import check_before_spark as check
+
+    settings = Settings.from_env()
+    with Catalog.from_settings(settings) as catalog:
+        return check(kind, catalog, params, settings=settings, **ids)
 
 
 def _run_in_process(

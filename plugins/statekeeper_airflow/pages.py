@@ -7,6 +7,7 @@ database; ``offset`` and ``limit`` are query parameters, as in the API.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from datetime import UTC, datetime
 from html import escape
@@ -24,10 +25,18 @@ from state_engine.catalog import (
     SnapshotFileRecord,
     SnapshotRecord,
 )
-from statekeeper_airflow.api import MAX_LIMIT, CatalogDep, Offset
+from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
+from statekeeper_airflow.actions import (
+    dag_href,
+    dag_run_href,
+    job_actions,
+    task_log_href,
+)
+from statekeeper_airflow.api import MAX_LIMIT, CatalogDep, Offset, SnapshotId
 from statekeeper_airflow.auth import page_user
 from statekeeper_airflow.charts import Series, histogram, line_chart
 from statekeeper_airflow.markup import (
+    THEME_SCRIPT_HASH,
     Window,
     human_age,
     human_bytes,
@@ -46,6 +55,7 @@ from statekeeper_airflow.markup import (
 router = APIRouter(dependencies=[Depends(page_user)], include_in_schema=False)
 
 PAGE_LIMIT = 25
+__all__ = ["THEME_SCRIPT_HASH", "error_page", "router"]
 # The chart shows this many of the newest completed snapshots: enough for a trend, and the SVG
 # stays small however long the job has run.
 CHART_SNAPSHOTS = 200
@@ -62,6 +72,21 @@ def error_page(status_code: int, message: str, *, root: str = "") -> HTMLRespons
         f"{link(f'{root}runs', 'the maintenance runs')}.</p>"
     )
     return page(f"Statekeeper: {heading}", body, root=root, status_code=status_code)
+
+
+def actions_bar(job: str, root: str, snapshot_id: int | None = None) -> str:
+    """Buttons into Airflow's trigger forms for this job (Airflow checks the permissions)."""
+    links = "".join(
+        f'<a href="{escape(dag_href(root, a.dag_id, a.conf))}" target="_top" '
+        f'title="{escape(a.dag_id)}: {escape(a.hint)}">{escape(a.label)}</a>'
+        for a in job_actions(job, snapshot_id)
+    )
+    conf = {"job": job, **({} if snapshot_id is None else {"source_snapshot": snapshot_id})}
+    return (
+        f'<div class="actions">{links}</div>'
+        '<p class="sub">Each opens the DAG in Airflow: press <b>Trigger</b>; the form suggests '
+        f"the catalog's jobs. As configuration JSON: <code>{escape(json.dumps(conf))}</code></p>"
+    )
 
 
 def window(result: Page[object], limit: int) -> Window:
@@ -126,21 +151,66 @@ def jobs_overview(
 # --- a job ---
 
 
-def size_series(points: list[SizePoint]) -> list[Series]:
-    """The job's total state size per snapshot, and one line per operator when there are several."""
+def size_series(points: list[SizePoint], formats: dict[int, str] | None = None) -> list[Series]:
+    """The job's total state size per snapshot, one line per snapshot format (a canonical
+    savepoint among native checkpoints is another line, not a dip), and one line per operator
+    (of the newest format) when there are several; savepoints are marked."""
+    formats = formats or {}
     totals: dict[int, tuple[datetime, float]] = {}
-    per_operator: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+    kinds: dict[int, str] = {}
+    per_operator: dict[str, dict[int, tuple[datetime, float]]] = defaultdict(dict)
     for p in points:
         if p.completed_at is None:
             continue
         at, total = totals.get(p.snapshot_id, (p.completed_at, 0.0))
         totals[p.snapshot_id] = (at, total + p.bytes)
+        kinds[p.snapshot_id] = p.kind
         if p.operator is not None:
-            per_operator[p.operator].append((p.completed_at, float(p.bytes)))
-    series = [Series("total", sorted(totals.values()))]
+            per_operator[p.operator][p.snapshot_id] = (p.completed_at, float(p.bytes))
+    by_format: dict[str, list[int]] = defaultdict(list)
+    for sid in totals:
+        by_format[formats.get(sid, "")].append(sid)
+    newest = max(totals, key=lambda sid: totals[sid][0], default=None)
+    main = formats.get(newest, "") if newest is not None else ""
+    series = []
+    for fmt in sorted(by_format, key=lambda f: (f != main, f)):
+        ids = by_format[fmt]
+        label = "total" if len(by_format) == 1 or not fmt else f"total, {fmt.lower()}"
+        series.append(
+            Series(
+                label,
+                sorted(totals[sid] for sid in ids),
+                savepoints=frozenset(totals[sid][0] for sid in ids if kinds[sid] == "SAVEPOINT"),
+                halo=True,
+            )
+        )
     if 1 < len(per_operator) <= 5:
-        series += [Series(op, pts) for op, pts in sorted(per_operator.items())]
-    return series
+        for op, by_id in sorted(per_operator.items()):
+            pts = [pt for sid, pt in by_id.items() if formats.get(sid, "") == main]
+            series.append(Series(op, sorted(pts)))
+    return series or [Series("total", [])]
+
+
+def estimate_mark() -> str:
+    return f'<abbr class="est" title="{escape(ESTIMATE_NOTE)}">~ estimated</abbr>'
+
+
+def entries_cell(s: SnapshotRecord) -> str:
+    if not is_estimated(s.format):
+        return number(s.entries)
+    return (
+        f'<td class="num" title="{s.entries} ({escape(ESTIMATE_NOTE)})">'
+        f'<span class="est">{escape(estimate_text(s.entries, s.format))}</span></td>'
+    )
+
+
+def estimate_legend(snapshots: list[SnapshotRecord]) -> str:
+    if not any(is_estimated(s.format) for s in snapshots):
+        return ""
+    return (
+        f'<p class="sub"><span class="est">~</span> Entries of native (RocksDB) snapshots are '
+        f"{escape(ESTIMATE_NOTE)}; a canonical savepoint of one counts its rows exactly.</p>"
+    )
 
 
 def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
@@ -151,7 +221,7 @@ def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
         f"<td>{escape(s.kind.lower())}</td><td>{escape(s.format.lower())}</td>"
         f"<td>{status_badge(s.status)}</td>"
         f'<td class="num">{s.parallelism}</td>'
-        f"{number(s.bytes, as_bytes=True)}{number(s.entries)}"
+        f"{number(s.bytes, as_bytes=True)}{entries_cell(s)}"
         f"<td>{timestamp(s.completed_at)}</td>"
         "</tr>"
         for s in snapshots
@@ -166,8 +236,12 @@ def job_page(
     record = catalog.get_job(job)
     snapshots = catalog.snapshots_page(job, limit=limit, offset=offset)
     history = catalog.state_size_history(job, limit=CHART_SNAPSHOTS)
-    series = size_series(history)
-    shown = len(series[0].points)
+    formats = {
+        s.id: s.format
+        for s in catalog.list_snapshots(job, status="COMPLETED", limit=2 * CHART_SNAPSHOTS)
+    }
+    series = size_series(history, formats)
+    shown = len({p.snapshot_id for p in history if p.completed_at is not None})
     chart = line_chart(
         series,
         element_id="size-chart",
@@ -182,7 +256,7 @@ def job_page(
         f"<dt>Location</dt><dd>{escape(record.location or '-')}</dd>"
         f"<dt>Registered</dt><dd>{timestamp(record.created_at)}</dd>"
         f"<dt>Maintenance</dt><dd>{link(runs_href, 'runs of this job')}</dd>"
-        "</dl>"
+        "</dl>" + actions_bar(record.name, root)
     )
     headers = [
         ("Snapshot", True),
@@ -202,6 +276,7 @@ def job_page(
         f"snapshot{'s' if shown != 1 else ''}.</p>{chart}"
         "<h2>Snapshots</h2>"
         + table(headers, snapshot_rows(snapshots.items, root), empty="No snapshots on this page.")
+        + estimate_legend(snapshots.items)
         + pager(window(snapshots, limit), {}, noun="snapshots")
     )
     return page(f"Statekeeper: job {record.name}", body, root=root)
@@ -241,9 +316,17 @@ def skew_section(catalog: CatalogDep, snapshot: SnapshotRecord) -> str:
     parts = []
     for n, skew in enumerate(skews):
         figure = "-" if skew.skew is None else f"{skew.skew:.2f}"
+        estimated = is_estimated(snapshot.format)
+        if estimated and skew.skew is not None:
+            figure = f"~{figure}"
         parts.append(
             f"<h3>Operator {escape(skew.operator)}</h3>"
-            f'<p>Skew (max / mean rows per key group): <span class="figure skew">{figure}</span>'
+            + (
+                f"<p>{estimate_mark()}: rows per key group below are estimates.</p>"
+                if estimated
+                else ""
+            )
+            + f'<p>Skew (max / mean rows per key group): <span class="figure skew">{figure}</span>'
             f" &middot; max {skew.max_rows:,} rows, mean {skew.mean_rows:,.1f} over "
             f"{skew.key_groups:,} key groups ({skew.recorded_key_groups:,} recorded), "
             f"{skew.total_rows:,} rows in all</p>"
@@ -259,7 +342,7 @@ def skew_section(catalog: CatalogDep, snapshot: SnapshotRecord) -> str:
 
 @router.get("/snapshots/{snapshot_id}", response_class=HTMLResponse)
 def snapshot_page(
-    snapshot_id: int, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
+    snapshot_id: SnapshotId, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
 ) -> HTMLResponse:
     root = "../"
     snap = catalog.get_snapshot(snapshot_id)
@@ -279,7 +362,9 @@ def snapshot_page(
         f"<dt>Parallelism</dt><dd>{snap.parallelism} of max {snap.max_parallelism}</dd>"
         f"<dt>Parent</dt><dd>{parent}</dd>"
         f"<dt>Location</dt><dd>{escape(snap.location)}</dd>"
-        f"<dt>Size</dt><dd>{escape(human_bytes(snap.bytes))}, {snap.entries:,} entries</dd>"
+        f"<dt>Size</dt><dd>{escape(human_bytes(snap.bytes))}, "
+        f"{escape(estimate_text(snap.entries, snap.format))} entries"
+        f"{' ' + estimate_mark() if is_estimated(snap.format) else ''}</dd>"
         f"<dt>Files</dt><dd>{summary.files:,} files of {escape(human_bytes(summary.bytes))} "
         f"({summary.shared_files:,} shared, {escape(human_bytes(summary.shared_bytes))}); "
         f"{summary.references:,} references</dd>"
@@ -287,6 +372,7 @@ def snapshot_page(
         f"<dt>Completed</dt><dd>{timestamp(snap.completed_at)}</dd>"
         + (f"<dt>Error</dt><dd>{escape(snap.error)}</dd>" if snap.error else "")
         + "</dl>"
+        + actions_bar(snap.job, root, snap.id)
     )
     headers = [
         ("Path", False),
@@ -310,27 +396,57 @@ def snapshot_page(
 # --- maintenance history ---
 
 
-def run_rows(runs: list[RunRecord]) -> list[str]:
+def flow(into: int | None, out: int | None, *, as_bytes: bool = False) -> str:
+    """In and out in one cell ("1,280 → 1,280"): two columns fewer, so the table fits 1024 px."""
+
+    def shown(value: int | None) -> str:
+        if value is None:
+            return '<span class="none">-</span>'
+        return escape(human_bytes(value) if as_bytes else f"{value:,}")
+
+    return (
+        f'<td class="num flow" title="in {into if into is not None else "-"}, '
+        f'out {out if out is not None else "-"}"><span>{shown(into)}</span> &rarr; '
+        f"<span>{shown(out)}</span></td>"
+    )
+
+
+def airflow_cell(r: RunRecord, root: str) -> str:
+    """The Airflow DAG run (and its task's log) that made a maintenance run, as links."""
+    if r.dag_id is None:
+        return '<span class="none">-</span>'
+    if not r.airflow_run_id:
+        return escape(r.dag_id)
+    run_link = (
+        f'<a href="{escape(dag_run_href(root, r.dag_id, r.airflow_run_id))}" target="_top">'
+        f"{escape(r.dag_id)}</a>"
+    )
+    log = task_log_href(root, r.dag_id, r.airflow_run_id, r.kind)
+    log_link = (
+        ""
+        if log is None
+        else f' &middot; <a href="{escape(log)}" target="_top" class="log">task log</a>'
+    )
+    return f"{run_link}{log_link}<br><small>{escape(r.airflow_run_id)}</small>"
+
+
+def run_rows(runs: list[RunRecord], root: str = "") -> list[str]:
+    # nine columns, secondary figures on a second line: the table fits a 1024 px window
     rows = []
     for r in runs:
         seconds = None if r.finished_at is None else (r.finished_at - r.started_at).total_seconds()
-        airflow = (
-            '<span class="none">-</span>'
-            if r.dag_id is None
-            else f"{escape(r.dag_id)}<br><small>{escape(r.airflow_run_id or '')}</small>"
-        )
         snapshots = " &rarr; ".join(
             link(snapshot_href("", sid), str(sid)) if sid is not None else "-"
             for sid in (r.input_snapshot_id, r.output_snapshot_id)
         )
         rows.append(
-            f"<tr><td>{escape(r.run_id)}</td><td>{escape(r.kind)}</td>"
-            f"<td>{link(job_href('', r.job), r.job) if r.job else '-'}</td>"
-            f"<td>{status_badge(r.status)}</td><td>{timestamp(r.started_at)}</td>"
-            f'<td class="num">{escape(human_duration(seconds))}</td>'
-            f"{number(r.rows_in)}{number(r.rows_out)}"
-            f"{number(r.bytes_in, as_bytes=True)}{number(r.bytes_out, as_bytes=True)}"
-            f"<td>{snapshots}</td><td>{airflow}</td>"
+            f'<tr><td class="wrap"><b>{escape(r.kind)}</b><br>'
+            f"<small>{escape(r.run_id)}</small></td>"
+            f'<td class="wrap">{link(job_href("", r.job), r.job) if r.job else "-"}</td>'
+            f"<td>{status_badge(r.status)}<br><small>{escape(human_duration(seconds))}</small></td>"
+            f"<td>{timestamp(r.started_at, short=True)}</td>"
+            f"{flow(r.rows_in, r.rows_out)}{flow(r.bytes_in, r.bytes_out, as_bytes=True)}"
+            f'<td class="num">{snapshots}</td><td class="wrap">{airflow_cell(r, root)}</td>'
             f'<td class="error-text">{escape(r.error or "")}</td></tr>'
         )
     return rows
@@ -369,17 +485,13 @@ def runs_page(
         '</select></label><button type="submit">Filter</button></form>'
     )
     headers = [
-        ("Run", False),
-        ("Kind", False),
+        ("Kind and run", False),
         ("Job", False),
-        ("Status", False),
+        ("Status, duration", False),
         ("Started", False),
-        ("Duration", True),
-        ("Rows in", True),
-        ("Rows out", True),
-        ("Bytes in", True),
-        ("Bytes out", True),
-        ("Snapshots in/out", False),
+        ("Rows in → out", True),
+        ("Bytes in → out", True),
+        ("Snapshots", True),
         ("Airflow DAG / run", False),
         ("Error", False),
     ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
+
+from state_engine.formatting import is_estimated
 
 
 class Record(BaseModel):
@@ -44,6 +46,12 @@ class SnapshotOut(Record):
     version: int
     error: str | None
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def entries_estimated(self) -> bool:
+        """``entries`` (and the key-group rows) are estimated from RocksDB SST metadata."""
+        return is_estimated(self.format)
+
 
 class JobOut(Record):
     id: int
@@ -77,6 +85,8 @@ class SkewOut(Record):
     max_rows: int
     mean_rows: float
     skew: float | None
+    # the rows per key group are estimated (a native snapshot's SST metadata), not counted
+    estimated: bool = False
 
 
 class FilesSummary(Record):

@@ -188,6 +188,8 @@ class LeaseRecord:
 class QueryResult:
     columns: list[str]
     rows: list[tuple[Any, ...]] = field(default_factory=list)
+    # why the rows stop early ("10,000 rows", "16,777,216 bytes"), or None when they are all here
+    truncated: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

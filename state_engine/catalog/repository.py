@@ -27,6 +27,7 @@ from state_engine.catalog.models import (
     RETAINED_STATUSES,
     SNAPSHOT_FORMATS,
     SNAPSHOT_KINDS,
+    SNAPSHOT_STATUSES,
     File,
     Job,
     KeyGroupStat,
@@ -776,9 +777,19 @@ class Catalog(RunMixin, LeaseMixin, Store):
             rows = s.execute(stmt.order_by(Operator.uid, KeyGroupStat.key_group))
             return [KeyGroupStatRow(*row) for row in rows]
 
-    def query(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
-        """Run one read-only SELECT / WITH / EXPLAIN; a write is refused (ReadOnlyViolation)."""
-        return run_readonly(self.engine, sql, max_rows=max_rows)
+    def query(
+        self,
+        sql: str,
+        *,
+        max_rows: int | None = None,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
+    ) -> QueryResult:
+        """Run one read-only SELECT / WITH / EXPLAIN; a write is refused (ReadOnlyViolation).
+        Bounded by ``timeout_s`` and cut at ``max_rows`` / ``max_bytes`` (see readonly.py)."""
+        return run_readonly(
+            self.engine, sql, max_rows=max_rows, timeout_s=timeout_s, max_bytes=max_bytes
+        )
 
     # --- internals ---
 
@@ -939,7 +950,8 @@ def _snapshots_stmt(
     stmt = select(Snapshot).where(Snapshot.job_id == job_id)
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
-        stmt = stmt.where(Snapshot.status.in_([st.upper() for st in statuses]))
+        checked = [check_choice(st, "status", SNAPSHOT_STATUSES) for st in statuses]
+        stmt = stmt.where(Snapshot.status.in_(checked))
     if kind is not None:
         stmt = stmt.where(Snapshot.kind == check_choice(kind, "kind", SNAPSHOT_KINDS))
     return stmt.order_by(Snapshot.checkpoint_id.desc())

@@ -7,9 +7,17 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from state_engine.catalog.models import Job, MaintenanceRun, Snapshot
+from state_engine.catalog.models import RUN_STATUSES, Job, MaintenanceRun, Snapshot
 from state_engine.catalog.records import Page, RunRecord
-from state_engine.catalog.store import Store, as_json, check_int, check_name, count_rows, window
+from state_engine.catalog.store import (
+    Store,
+    as_json,
+    check_choice,
+    check_int,
+    check_name,
+    count_rows,
+    window,
+)
 from state_engine.errors import (
     InvalidRunTransition,
     NoSuchJob,
@@ -174,7 +182,7 @@ def _runs_stmt(
     if kind is not None:
         stmt = stmt.where(MaintenanceRun.kind == kind)
     if status is not None:
-        stmt = stmt.where(MaintenanceRun.status == status.upper())
+        stmt = stmt.where(MaintenanceRun.status == check_choice(status, "status", RUN_STATUSES))
     return stmt.order_by(MaintenanceRun.started_at.desc(), MaintenanceRun.id.desc())
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -208,9 +208,15 @@ def job_params(args: argparse.Namespace) -> dict[str, Any]:
 def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run the parsed job on the maintenance SparkSession against the configured catalog."""
     from state_engine.catalog import Catalog
+    from state_engine.jobs.preflight import check_before_spark
     from state_engine.jobs.spark import app_name, build_spark
 
     settings = Settings.from_env()
+    params = job_params(args)
+    ids = {k: params.pop(k) for k in COMMON if k in params}
+    with Catalog.from_settings(settings) as catalog:
+        # refused before the JVM starts: a wrong name or id should not cost minutes of Spark
+        params = check_before_spark(args.job_name, catalog, params, settings=settings, **ids)
     runner = JOBS[args.job_name].runner()
     name = app_name(
         args.job_name,
@@ -221,7 +227,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     )
     spark = build_spark(settings, name=name)
     with Catalog.from_settings(settings) as catalog:
-        return runner(spark, catalog, settings=settings, **job_params(args))
+        return runner(spark, catalog, settings=settings, **ids, **params)
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
@@ -232,46 +238,40 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 def cmd_state_show(args: argparse.Namespace) -> int:
     from state_engine.catalog import Catalog
-    from state_engine.jobs.spark import app_name, build_spark
-    from state_engine.jobs.state_inspect import COLUMNS, show_rows
+    from state_engine.jobs.state_local import plan_show, quiet_spark_conf, read_rows
 
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:
-        # checked before Spark starts: a bad id should not cost a JVM
-        catalog.get_snapshot(args.snapshot)
-        rows = show_rows(
-            build_spark(settings, name=app_name("state-show")),
-            catalog,
-            args.snapshot,
-            state=args.state,
-            key=args.key,
-            operator=args.operator,
-            limit=args.limit,
+        # every refusal (id, status, format, operator, state, key) before any Spark start
+        plan = plan_show(
+            catalog, args.snapshot, state=args.state, key=args.key, operator=args.operator
         )
+        if plan.local and not args.spark:
+            rows = read_rows(plan, args.limit)
+        else:
+            from state_engine.jobs.spark import app_name, build_spark
+            from state_engine.jobs.state_inspect import show_rows
+
+            spark = build_spark(settings, extra=quiet_spark_conf(), name=app_name("state-show"))
+            spark.sparkContext.setLogLevel("ERROR")
+            rows = show_rows(
+                spark,
+                catalog,
+                args.snapshot,
+                state=args.state,
+                key=args.key,
+                operator=args.operator,
+                limit=args.limit,
+            )
+    from state_engine.jobs.state_inspect import COLUMNS
+
     if args.json:
         print(json.dumps(rows, default=_json_default, ensure_ascii=False))
     else:
-        print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows]))
+        from state_engine.formatting import format_table
+
+        print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows], width=60))
     return 0
-
-
-def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], width: int = 60) -> str:
-    """Aligned columns; cells longer than ``width`` are cut with an ellipsis."""
-
-    def cell(v: Any) -> str:
-        text = "-" if v is None else str(v)
-        return text if len(text) <= width else text[: width - 1] + "…"
-
-    cells = [[cell(v) for v in row] for row in rows]
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines.extend(
-        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells
-    )
-    if not rows:
-        lines.append("(no rows)")
-    return "\n".join(lines)
 
 
 def _json_default(value: Any) -> Any:
@@ -292,7 +292,8 @@ def register(subparsers: Any) -> None:
     show = state_commands.add_parser(
         "show",
         help="decoded keyed state of a completed canonical snapshot",
-        description="decoded keyed state of a completed canonical snapshot (read with Spark)",
+        description="decoded keyed state of a completed canonical snapshot (read directly when "
+        "its files are small, with Spark above 64 MiB)",
     )
     show.add_argument("snapshot", metavar="SNAPSHOT", type=int, help="snapshot id")
     show.add_argument("--state", help="only this state")
@@ -300,4 +301,9 @@ def register(subparsers: Any) -> None:
     show.add_argument("--operator", help="only this operator")
     show.add_argument("--limit", type=int, default=100, help="at most this many rows (100)")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    show.add_argument(
+        "--spark",
+        action="store_true",
+        help="read with Spark even when the files are small (default: Spark above 64 MiB)",
+    )
     show.set_defaults(handler=cmd_state_show)

@@ -11,7 +11,6 @@ Any error marks the run FAILED with its reason and is raised as a StatekeeperErr
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 import uuid
@@ -24,6 +23,7 @@ from state_engine.checkpoint.storage import storage_failure
 from state_engine.config import Settings
 from state_engine.errors import MaintenanceJobFailed, StatekeeperError
 from state_engine.jobs.commit import run_tag
+from state_engine.jobs.preflight import READS, pinned_snapshot, record_refusal
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -99,13 +99,15 @@ def maintenance_job(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
             run_id = run_id or f"{kind}-{uuid.uuid4().hex}"
             params = {k: v for k, v in params.items() if v is not None}
             airflow = {"dag_id": dag_id, "airflow_run_id": airflow_run_id}
+            if kind in READS and params.get("snapshot") is None:
+                # a retry reads what its first attempt read, not a newer "latest"
+                pinned = pinned_snapshot(catalog, run_id)
+                if pinned is not None:
+                    params["snapshot"] = pinned
             try:
                 target = resolve(catalog, params)
             except StatekeeperError as exc:
-                # recorded when possible; a run id already bound to a job keeps its record
-                with contextlib.suppress(StatekeeperError):
-                    catalog.start_run(run_id, kind, params=params, **airflow)
-                    catalog.fail_run(run_id, str(exc))
+                record_refusal(catalog, kind, run_id, params, str(exc), **airflow)
                 raise
             record = catalog.start_run(
                 run_id,

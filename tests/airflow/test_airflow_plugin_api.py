@@ -145,9 +145,48 @@ def test_snapshots_are_paginated_newest_first(client: TestClient, auth: dict[str
     assert [s["checkpoint_id"] for s in pending["items"]] == [4, 3]
 
 
-@pytest.mark.parametrize("query", ["limit=501", "limit=0", "offset=-1", "limit=ten"])
-def test_out_of_range_paging_is_422(client: TestClient, auth: dict[str, str], query: str) -> None:
-    assert client.get(f"/api/jobs?{query}", headers=auth).status_code == 422
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/jobs?limit=501",
+        "/api/jobs?limit=0",
+        "/api/jobs?offset=-1",
+        "/api/jobs?limit=ten",
+        f"/api/jobs?offset={2**63}",
+        f"/api/jobs?limit={2**64}",
+        f"/api/snapshots/{2**63}",
+        f"/api/snapshots/{10**30}/files",
+        "/api/snapshots/0",
+        f"/api/runs?offset={2**70}",
+        "/api/jobs/orders/snapshots?status=BOGUS",
+        "/api/jobs/orders/snapshots?kind=BOGUS",
+        "/api/runs?status=BOGUS",
+    ],
+)
+def test_bad_parameters_are_400_with_a_reason(
+    client: TestClient, auth: dict[str, str], path: str
+) -> None:
+    answer = client.get(path, headers=auth)
+    assert answer.status_code == 400, answer.text
+    detail = answer.json()["detail"]
+    assert isinstance(detail, str) and ("must be" in detail or "bad request" in detail)
+
+
+def test_every_answer_carries_the_security_headers(
+    client: TestClient, auth: dict[str, str]
+) -> None:
+    for path, headers in (
+        ("/api/jobs", auth),
+        ("/api/jobs/nope", auth),
+        ("/api/jobs", {}),
+        ("/api/snapshots/x", auth),
+    ):
+        answer = client.get(path, headers=headers)
+        csp = answer.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "script-src 'sha256-" in csp, path
+        assert "frame-ancestors 'self'" in csp
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
+        assert answer.headers["Referrer-Policy"] == "same-origin"
 
 
 def test_an_unknown_snapshot_kind_filter_is_400(client: TestClient, auth: dict[str, str]) -> None:
@@ -274,6 +313,10 @@ def test_jobs_overview_page(client: TestClient, make_token: Callable[..., str]) 
     assert "no completed snapshot" in html
     assert "2 jobs in the catalog" in html
     # Self-contained: the machine serving it may have no network; links stay inside the app.
+    # The one script is the theme script (allowed by its hash in the Content-Security-Policy).
+    from statekeeper_airflow.markup import THEME_SCRIPT
+
+    html = html.replace(f"<script>{THEME_SCRIPT}</script>", "", 1)
     for needle in ("<script", "<link", "http://", "https://", 'href="/'):
         assert needle not in html, needle
 

@@ -316,11 +316,13 @@ def test_maintenance_compacts_long_chains_expires_and_removes_orphans_per_job(
 
 
 def test_savepoint_captures_the_latest_snapshot_into_the_target_directory(
-    dag_of: Callable[[str], Any], env: Env, tmp_path: Path
+    dag_of: Callable[[str], Any], env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with env.catalog() as cat:
         made = make_snapshot(cat, env.storage, job="orders", keys=120)
     target = (tmp_path / "savepoints" / "before-upgrade").as_uri()
+    # outside the job's checkpoint root: allowed only because the setting names it
+    monkeypatch.setenv("STATEKEEPER_ALLOWED_SAVEPOINT_DIRS", (tmp_path / "savepoints").as_uri())
 
     dagrun = dag_of("statekeeper_savepoint").test(
         run_conf={"job": "orders", "target_dir": target, "drop_expired": True}

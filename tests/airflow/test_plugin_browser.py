@@ -22,6 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,6 +107,24 @@ def browser_catalog(
                 ],
             )
             cat.complete_snapshot(snap.id, snap.version)
+        # runs with the long ids, Airflow run ids and errors real runs have (the 1024 px check)
+        for n, kind in enumerate(("savepoint", "rescale", "compaction")):
+            run_id = f"airflow-{kind}-orders-{'0123456789abcdef01234567'[n:] + 'x' * n}"
+            cat.start_run(
+                run_id,
+                kind,
+                job="orders",
+                input_snapshot_id=SNAPSHOTS,
+                dag_id="statekeeper_maintenance" if kind == "compaction" else f"statekeeper_{kind}",
+                airflow_run_id=f"manual__2026-11-24T03:1{n}:29.123456+00:00",
+            )
+            cat.fail_run(
+                run_id,
+                "snapshot 8 of job 'orders' is in NATIVE format; this job reads canonical "
+                "snapshots: file:///var/lib/statekeeper/checkpoints/orders/chk-8/"
+                + "very-long-file-name-without-breaks-"
+                * 4,
+            )
     return url
 
 
@@ -125,6 +144,13 @@ def api_server(
         "STATEKEEPER_CATALOG_URL": browser_catalog,
     }
     log = work / "api-server.log"
+    # the DAGs in Airflow's database, as the DAG processor would put them: their pages and
+    # trigger forms render (the job suggestions read this catalog at parse time)
+    parsed = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "dags", "reserialize"],
+        env=env, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert parsed.returncode == 0, parsed.stdout[-2000:] + parsed.stderr[-2000:]
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
@@ -276,3 +302,169 @@ def test_the_job_page_renders_its_size_chart_in_chromium(
     assert float(snapshot_dom["skew"]) > 10
     shot = sk_png.decode(snapshot_png).rgb()
     assert (shot == np.array(CHART_BLUE, dtype=np.uint8)).all(axis=2).sum() > 500
+
+
+PAGES = ("/statekeeper/", "/statekeeper/jobs/orders", f"/statekeeper/snapshots/{SNAPSHOTS}",
+         "/statekeeper/runs")  # fmt: skip
+LAYOUT = """JSON.stringify({
+    scroll: document.documentElement.scrollWidth,
+    width: window.innerWidth,
+    theme: document.documentElement.className,
+    background: getComputedStyle(document.body).backgroundColor,
+    wrappedDates: [...document.querySelectorAll("time")]
+        .filter(t => t.getClientRects().length > 1).length,
+    dates: document.querySelectorAll("time").length,
+})"""
+
+
+def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
+    chromium_binary: str, api_server: Server, tmp_path: Path
+) -> None:
+    """Every page at 1024 and 1440 px, with Airflow's theme setting light and dark: no
+    horizontal overflow (the page's scroll width), dates on one line, the theme followed."""
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    seen: dict[tuple[str, int, str], dict[str, object]] = {}
+    with chromium(chromium_binary, tmp_path / "profile") as page:
+        page.call(
+            "Network.setCookie",
+            name="_token",
+            value=login_token(api_server),
+            url=f"{api_server.url}/",
+            path="/",
+        )
+        page.navigate(f"{api_server.url}/statekeeper/")
+        for theme in ("light", "dark"):
+            # Airflow's UI keeps its light/dark choice here (next-themes' "theme" key)
+            page.evaluate(f"localStorage.setItem('theme', '{theme}')")
+            for width in (1024, 1440):
+                page.call(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=width,
+                    height=900,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
+                for path in PAGES:
+                    page.navigate(f"{api_server.url}{path}")
+                    layout = json.loads(page.evaluate(LAYOUT))
+                    png = base64.b64decode(
+                        page.call("Page.captureScreenshot", format="png")["data"]
+                    )
+                    name = path.strip("/").replace("/", "-") or "statekeeper"
+                    out = shots / f"{name}-{width}-{theme}.png"
+                    out.write_bytes(png)
+                    corner = sk_png.decode(png).rgb()[2, 2].astype(int)
+                    seen[(path, width, theme)] = {**layout, "corner": corner.tolist(), "png": out}
+    for (path, width, theme), got in seen.items():
+        where = f"{path} at {width} px, {theme}: {got['png']}"
+        assert got["scroll"] <= got["width"] == width, f"horizontal overflow on {where}"
+        assert got["wrappedDates"] == 0, f"a date wraps on {where}"
+        assert theme in str(got["theme"]), where
+        brightness = sum(got["corner"]) / 3  # type: ignore[arg-type]
+        assert (brightness < 80) if theme == "dark" else (brightness > 230), where
+    assert seen[("/statekeeper/runs", 1024, "light")]["dates"] >= 3
+
+
+def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
+    chromium_binary: str, api_server: Server, tmp_path: Path
+) -> None:
+    with chromium(chromium_binary, tmp_path / "profile") as page:
+        page.call(
+            "Network.setCookie",
+            name="_token",
+            value=login_token(api_server),
+            url=f"{api_server.url}/",
+            path="/",
+        )
+        page.navigate(f"{api_server.url}/statekeeper/jobs/orders")
+        action = json.loads(
+            page.evaluate(
+                """JSON.stringify((() => {
+                    const a = [...document.querySelectorAll(".actions a")]
+                        .find(a => a.textContent === "Take savepoint");
+                    return a && {href: a.href, target: a.target};
+                })())"""
+            )
+        )
+        assert action is not None and action["target"] == "_top"
+        page.events.clear()
+        page.evaluate(
+            "[...document.querySelectorAll('.actions a')]"
+            ".find(a => a.textContent === 'Take savepoint').click()"
+        )
+        page.wait_for("Page.loadEventFired")
+        landed = json.loads(
+            page.evaluate("JSON.stringify({path: location.pathname, search: location.search})")
+        )
+        # Airflow's own trigger form of that DAG, its job field suggesting the catalog's jobs
+        appear(page, '[data-testid="trigger-dag-button"]')
+        page.evaluate("document.querySelector('[data-testid=\"trigger-dag-button\"]').click()")
+        appear(page, 'input[name="element_job"]')
+        form = json.loads(
+            page.evaluate(
+                """JSON.stringify((() => {
+                    const input = document.querySelector('input[name="element_job"]');
+                    const list = input.list;
+                    return {suggested: list ? [...list.options].map(o => o.value) : []};
+                })())"""
+            )
+        )
+        # fill the job in as a person would (React sees an input event) and trigger the run
+        page.evaluate(
+            """(() => {
+                const input = document.querySelector('input[name="element_job"]');
+                const proto = HTMLInputElement.prototype;
+                Object.getOwnPropertyDescriptor(proto, "value").set.call(input, "orders");
+                input.dispatchEvent(new Event("input", {bubbles: true}));
+            })()"""
+        )
+        # the session's Airflow database may hold runs of this DAG from other tests
+        before = {r["dag_run_id"] for r in dag_runs(api_server, "statekeeper_savepoint")}
+        appear(page, '[data-testid="trigger-dag-submit"]:not([disabled])')
+        page.evaluate("document.querySelector('[data-testid=\"trigger-dag-submit\"]').click()")
+        # on success Airflow's UI closes the form (and shows the new run)
+        until(page, "!document.querySelector('[data-testid=\"trigger-dag-submit\"]')")
+        runs = [
+            r
+            for r in dag_runs(api_server, "statekeeper_savepoint")
+            if r["dag_run_id"] not in before
+        ]
+    assert landed["path"] == "/dags/statekeeper_savepoint", landed
+    from urllib.parse import parse_qs
+
+    assert json.loads(parse_qs(landed["search"].lstrip("?"))["conf"][0]) == {"job": "orders"}
+    assert form["suggested"] == ["orders"]
+    assert [r["conf"]["job"] for r in runs] == ["orders"]
+
+
+def appear(page: object, selector: str, timeout: float = 120) -> None:
+    """Wait until ``selector`` matches (see :func:`until`)."""
+    until(page, f"document.querySelector({json.dumps(selector)})", timeout)
+
+
+def until(page: object, condition: str, timeout: float = 120) -> None:
+    """Wait until the JS ``condition`` holds: a promise the page resolves when its own DOM
+    changes make it true (no polling, no sleeping)."""
+    script = (
+        "new Promise(resolve => {"
+        f"  const ok = () => Boolean({condition});"
+        "  if (ok()) { resolve(true); return; }"
+        "  new MutationObserver((_, o) => { if (ok()) { o.disconnect(); resolve(true); } })"
+        "    .observe(document, {subtree: true, childList: true, attributes: true});"
+        "})"
+    )
+    result = page.call(  # type: ignore[attr-defined]
+        "Runtime.evaluate", timeout=timeout, expression=script, awaitPromise=True,
+        returnByValue=True,
+    )  # fmt: skip
+    assert result["result"].get("value") is True, (condition, result)
+
+
+def dag_runs(server: Server, dag_id: str) -> list[dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{server.url}/api/v2/dags/{dag_id}/dagRuns",
+        headers={"Authorization": f"Bearer {login_token(server)}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return list(json.load(answer)["dag_runs"])

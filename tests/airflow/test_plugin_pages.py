@@ -68,7 +68,12 @@ def parse(html: str) -> Links:
 
 
 def self_contained(html: str) -> None:
-    # The API server may have no network: nothing is fetched, nothing links off the app.
+    # The API server may have no network: nothing is fetched, nothing links off the app. The one
+    # script is the theme script the Content-Security-Policy allows by its hash.
+    from statekeeper_airflow.markup import THEME_SCRIPT
+
+    assert html.count("<script") == 1 and f"<script>{THEME_SCRIPT}</script>" in html
+    html = html.replace(f"<script>{THEME_SCRIPT}</script>", "")
     for needle in ("<script", "<link", "<img", "@import", "url("):
         assert needle not in html, needle
     for href in parse(html).hrefs:
@@ -106,7 +111,7 @@ def test_overview_is_paged_in_the_database(logged_in: TestClient) -> None:
     assert ">payments</a>" in html and ">orders</a>" not in html
     assert "2-2 of 2 jobs" in html
     assert "?offset=0&amp;limit=1" in html  # previous page
-    assert logged_in.get("/?limit=0").status_code == 422
+    assert logged_in.get("/?limit=0").status_code == 400
 
 
 # --- a job ---
@@ -229,12 +234,18 @@ def test_runs_page_shows_the_maintenance_history(logged_in: TestClient, seeded: 
     html = logged_in.get("/runs").text
     self_contained(html)
     assert "3-3" not in html and "1-3 of 3 runs" in html
-    for cell in ("compaction-1", "orphans-1", "ttl-9", "ttl_cleanup", "orphan_cleanup"):
-        assert f"<td>{cell}</td>" in html
+    for kind, run in (("compaction", "compaction-1"), ("orphan_cleanup", "orphans-1"),
+                      ("ttl_cleanup", "ttl-9")):  # fmt: skip
+        assert f'<td class="wrap"><b>{kind}</b><br><small>{run}</small></td>' in html
     assert "statekeeper_ttl_cleanup" in html and "scheduled__2025-01-01T00:00:00+00:00" in html
+    # the run links to its Airflow DAG run and its task's log, in Airflow's own UI
+    dag_run = "../dags/statekeeper_ttl_cleanup/runs/scheduled__2025-01-01T00%3A00%3A00%2B00%3A00"
+    assert dag_run in parse(html).hrefs
+    assert f"{dag_run}/tasks/ttl_cleanup/mapped" in parse(html).hrefs
     assert "executor lost &lt;heartbeat&gt;" in html  # the error, escaped
     assert "status-FAILED" in html and "status-SUCCEEDED" in html and "status-RUNNING" in html
-    assert '<td class="num" title="1280">1,280</td>' in html  # rows in/out of the compaction
+    # rows in and out of the compaction, in one cell
+    assert '<td class="num flow" title="in 1280, out 1280"><span>1,280</span> &rarr; ' in html
     assert "running" in html  # orphans-1 has no duration yet
     assert f"snapshots/{seeded.completed_id}" in parse(html).hrefs  # compaction's output
 
@@ -254,6 +265,37 @@ def test_runs_page_filters_by_job_kind_and_status(logged_in: TestClient) -> None
 
     kind = logged_in.get("/runs?kind=orphan_cleanup&limit=1").text
     assert "orphans-1" in kind and "compaction-1" not in kind
+
+    # an unknown status is refused like an unknown kind, not an empty table
+    bad = logged_in.get("/runs?status=DONE")
+    assert bad.status_code == 400 and "status must be one of RUNNING, SUCCEEDED, FAILED" in bad.text
+    assert bad.headers["X-Content-Type-Options"] == "nosniff"
+    huge = logged_in.get(f"/snapshots/{2**63}")
+    assert huge.status_code == 400 and "snapshot_id" in huge.text
+
+
+def test_job_and_snapshot_pages_offer_airflows_trigger_forms(
+    logged_in: TestClient, seeded: Seeded
+) -> None:
+    import json
+    from urllib.parse import parse_qs, urlsplit
+
+    job_links = parse(logged_in.get("/jobs/orders").text).hrefs
+    snap_links = parse(logged_in.get(f"/snapshots/{seeded.completed_id}").text).hrefs
+    for links, conf in (
+        (job_links, {"job": "orders"}),
+        (snap_links, {"job": "orders", "source_snapshot": seeded.completed_id}),
+    ):
+        triggers = {urlsplit(h).path: h for h in links if h.startswith("../../dags/")}
+        assert set(triggers) == {
+            "../../dags/statekeeper_savepoint",
+            "../../dags/statekeeper_rescale",
+            "../../dags/statekeeper_ttl_cleanup",
+            "../../dags/statekeeper_maintenance",
+        }
+        for dag in ("statekeeper_savepoint", "statekeeper_rescale"):
+            query = parse_qs(urlsplit(triggers[f"../../dags/{dag}"]).query)
+            assert json.loads(query["conf"][0]) == conf
 
 
 # --- unknown things ---
@@ -287,3 +329,43 @@ def test_the_api_keeps_json_404s(logged_in: TestClient, make_token: Callable[...
     response = logged_in.get("/api/jobs/nope", headers={"Authorization": f"Bearer {make_token()}"})
     assert response.status_code == 404
     assert "'nope'" in response.json()["detail"]
+
+
+def test_native_figures_are_estimates_and_the_chart_separates_formats(
+    logged_in: TestClient, seeded: Seeded, make_token: Callable[..., str]
+) -> None:
+    """A native checkpoint's entries and skew are marked as estimates (page and API); a
+    canonical savepoint among native checkpoints is its own line, drawn as a square."""
+    with Catalog.open(seeded.url) as cat:
+        cat.register_job("rocks", max_parallelism=8, location="file:///ckpt/rocks")
+        ids = {}
+        for n, (fmt, kind) in enumerate(
+            [("NATIVE", "CHECKPOINT"), ("NATIVE", "CHECKPOINT"), ("CANONICAL", "SAVEPOINT")]
+        ):
+            snap = cat.begin_snapshot(
+                "rocks", location=f"file:///ckpt/rocks/s{n}", parallelism=1, format=fmt, kind=kind
+            )
+            cat.attach_files(snap.id, [FileRef(f"file:///ckpt/rocks/s{n}/f", 1000 * (n + 1),
+                                               operator="process", subtask=0)])  # fmt: skip
+            cat.record_key_group_stats(
+                snap.id, [KeyGroupStatRow("process", k, 100 + k) for k in range(8)]
+            )
+            ids[n] = cat.complete_snapshot(snap.id, snap.version).id
+
+    page = logged_in.get("/jobs/rocks").text
+    # the two native rows, not the savepoint
+    assert len(re.findall(r'<td class="num" title="\d+ \(estimated', page)) == 2
+    assert "estimated from RocksDB SST metadata" in page
+    assert ">total, native</title>" in page and ">total, canonical</title>" in page
+    assert page.count('class="savepoint"') == 1 and "■ savepoint" in page
+    native_page = logged_in.get(f"/snapshots/{ids[0]}").text
+    assert "~ estimated" in native_page and 'class="figure skew">~' in native_page
+    canonical_page = logged_in.get(f"/snapshots/{ids[2]}").text
+    assert "~ estimated" not in canonical_page
+
+    auth = {"Authorization": f"Bearer {make_token()}"}
+    native = logged_in.get(f"/api/snapshots/{ids[0]}", headers=auth).json()
+    assert native["snapshot"]["entries_estimated"] is True and native["skew"][0]["estimated"]
+    canonical = logged_in.get(f"/api/snapshots/{ids[2]}", headers=auth).json()
+    assert canonical["snapshot"]["entries_estimated"] is False
+    assert canonical["skew"][0]["estimated"] is False

@@ -247,7 +247,7 @@ def test_state_show_reads_a_snapshot_on_s3_with_spark_on_the_cluster(stack, cata
     env = base_env({**stack.env, "STATEKEEPER_SPARK_MASTER": stack.spark.master_url})
     done = subprocess.run(
         [str(Path(sys.executable).with_name("statectl")), "state", "show", str(latest.id),
-         "--key", "u07", "--state", "count", "--json"],
+         "--key", "u07", "--state", "count", "--json", "--spark"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

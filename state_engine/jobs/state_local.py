@@ -1,0 +1,178 @@
+"""``statectl state show`` without Spark for small snapshots.
+
+Starting a JVM costs longer than reading a few megabytes of Parquet: below
+:data:`LOCAL_READ_BYTES` of keyed files (after the key filter picked its row groups' files), the
+canonical files are read here with pyarrow through the snapshot's own file system and decoded with
+the same decoder the Spark path uses, so both paths print the same rows. Above it, Spark.
+
+Every refusal (unknown snapshot, not COMPLETED, not canonical, unknown operator or state, a key
+of the wrong type) happens in :func:`plan_show`, before either path starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from state_engine.catalog import Catalog
+from state_engine.checkpoint.metadata import FileKind, SnapshotFile
+from state_engine.errors import InvalidJobParams
+from state_engine.jobs.inputs import InputSnapshot, load_input
+from state_engine.jobs.state_inspect import (
+    _POSITION,
+    COLUMNS,
+    _decode,
+    _Decoder,
+    decoder_specs,
+    parse_key,
+)
+from state_engine.keygroups import assign_to_key_group
+from state_engine.serde import serializer_from_snapshot
+
+#: Keyed bytes up to which ``state show`` reads the files itself instead of starting Spark.
+LOCAL_READ_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class ShowPlan:
+    """What ``state show`` reads: per operator, the files and (for a key) the row groups."""
+
+    inp: InputSnapshot
+    specs: dict[str, dict[str, Any]]
+    files: dict[str, list[tuple[SnapshotFile, list[int] | None]]]
+    key_bytes: dict[str, bytes]
+    state: str | None
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for fs in self.files.values() for f, _ in fs)
+
+    @property
+    def local(self) -> bool:
+        return self.bytes <= LOCAL_READ_BYTES
+
+
+def plan_show(
+    catalog: Catalog,
+    snapshot_id: int,
+    *,
+    state: str | None = None,
+    key: str | None = None,
+    operator: str | None = None,
+) -> ShowPlan:
+    """Check the request against the catalog and ``_metadata``; nothing is read yet."""
+    inp = load_input(catalog, snapshot_id)
+    specs = decoder_specs(inp.meta)
+    operators = list(specs) if operator is None else [operator]
+    for op in operators:
+        if op not in specs:
+            raise InvalidJobParams(
+                f"snapshot {snapshot_id} has no keyed operator {op!r}; it has "
+                f"{', '.join(specs) or 'none'}"
+            )
+    if state is not None and not any(state in specs[op]["states"] for op in operators):
+        known = sorted({s for op in operators for s in specs[op]["states"]})
+        raise InvalidJobParams(
+            f"snapshot {snapshot_id} has no state {state!r}; it has {', '.join(known) or 'none'}"
+        )
+    files: dict[str, list[tuple[SnapshotFile, list[int] | None]]] = {}
+    key_bytes: dict[str, bytes] = {}
+    for op in operators:
+        chosen: list[tuple[SnapshotFile, list[int] | None]] = []
+        if key is None:
+            chosen = [(f, None) for f in inp.meta.files_of(op, kinds=(FileKind.KEYED,))]
+        else:
+            key_ser = serializer_from_snapshot(specs[op]["key"])
+            typed = parse_key(key, key_ser)
+            key_group = assign_to_key_group(typed, inp.meta.max_parallelism)
+            key_bytes[op] = key_ser.serialize(typed)
+            for f in inp.meta.files_of(op, kinds=(FileKind.KEYED,)):
+                groups = f.row_groups_for(key_group, key_group)
+                if groups:
+                    chosen.append((f, groups))
+        files[op] = chosen
+    return ShowPlan(inp, specs, files, key_bytes, state)
+
+
+def _decoded(decoder: _Decoder, operator: str, table: pa.Table) -> list[dict[str, Any]]:
+    """The Spark path's decoding (:meth:`_Decoder.batch`) as dicts: building Arrow arrays from
+    Python lists makes pyarrow import pandas, which costs seconds a small read does not have."""
+    key_ser = decoder.keys.get(operator)
+    cols = {n: table.column(n).to_pylist() for n in table.column_names}
+    out = []
+    for i, state in enumerate(cols["state"]):
+        kind, sers = decoder.states.get((operator, state), ("", {}))
+        uk = cols["user_key"][i]
+        if uk is None:
+            user_key = None
+        elif kind == "LIST" and len(uk) == _POSITION.size:
+            user_key = str(_POSITION.unpack(uk)[0])
+        else:
+            user_key = _decode(sers.get("user_key"), uk)
+        out.append(
+            {
+                "operator": operator,
+                "key_group": cols["key_group"][i],
+                "state": state,
+                "key": _decode(key_ser, cols["key"][i]),
+                "namespace": _decode(sers.get("namespace"), cols["namespace"][i]),
+                "user_key": user_key,
+                "value": _decode(sers.get("value"), cols["value"][i]),
+                "expires_at": cols["expires_at"][i],
+            }
+        )
+    return out
+
+
+def read_rows(plan: ShowPlan, limit: int | None = 100) -> list[dict[str, Any]]:
+    """The decoded rows of ``plan`` read with pyarrow, in the Spark path's order."""
+    snap = plan.inp.snapshot
+    decoder = _Decoder(plan.specs)
+    rows: list[dict[str, Any]] = []
+    for op, chosen in plan.files.items():
+        for f, groups in chosen:
+            with snap.fs.open(snap.resolve(f.path), "rb") as handle:
+                parquet = pq.ParquetFile(handle)
+                table = parquet.read() if groups is None else parquet.read_row_groups(groups)
+            if op in plan.key_bytes:
+                table = table.filter(
+                    pc.equal(table.column("key"), pa.scalar(plan.key_bytes[op], pa.binary()))
+                )
+            if plan.state is not None:
+                table = table.filter(pc.equal(table.column("state"), plan.state))
+            rows.extend(_decoded(decoder, op, table))
+    rows.sort(
+        key=lambda r: (
+            r["operator"],
+            r["key_group"],
+            r["key"] is not None,
+            r["key"] or "",
+            r["state"],
+        )
+    )
+    if limit is not None:
+        rows = rows[:limit]
+    return [{c: r[c] for c in COLUMNS} for r in rows]
+
+
+def quiet_spark_conf() -> dict[str, str]:
+    """Spark conf that keeps the driver's log4j below ERROR (no WARN lines around the table)."""
+    path = os.path.join(tempfile.gettempdir(), "statekeeper-log4j2-quiet.properties")
+    if not os.path.exists(path):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(
+                "rootLogger.level = error\n"
+                "rootLogger.appenderRef.stderr.ref = console\n"
+                "appender.console.type = Console\n"
+                "appender.console.name = console\n"
+                "appender.console.target = SYSTEM_ERR\n"
+                "appender.console.layout.type = PatternLayout\n"
+                "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n\n"
+            )
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}"}

@@ -345,7 +345,7 @@ class FlinkPathEscapes(FlinkError, ValueError):
 
 
 class FlinkImportError(FlinkError):
-    """A Flink directory that cannot be imported as given (not a job/savepoint directory, files missing)."""
+    """A Flink directory that cannot be imported (not a job or savepoint dir, files missing)."""
 
 
 class FlinkDirectoryClaimed(FlinkImportError):

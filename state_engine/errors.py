@@ -354,3 +354,25 @@ class FlinkDirectoryClaimed(FlinkImportError):
 
 class FlinkJobDirectoryMissing(FlinkImportError, FileNotFoundError):
     """A Flink job's checkpoint or savepoint directory that no longer exists."""
+
+
+# --- Flink keyed state (issue 12 part B: decoding and conversion) ---
+
+
+class FlinkStateError(FlinkError, ValueError):
+    """Keyed-state bytes of a Flink snapshot that are truncated or do not follow Flink's layout.
+
+    The message names the file (or handle), the byte offset and what was expected there.
+    """
+
+
+class UnsupportedFlinkSerializer(FlinkStateError):
+    """A Flink serializer this reader cannot decode (POJO, Kryo, Avro, user serializers).
+
+    The message names the state and the serializer snapshot class; ``--raw`` shows the bytes
+    instead.
+    """
+
+
+class FlinkConversionError(FlinkError):
+    """A Flink snapshot that cannot be converted into a Statekeeper canonical savepoint."""

@@ -1,0 +1,535 @@
+"""Keyed state inside Flink snapshots: backend header, canonical savepoint streams, heap files.
+
+* :func:`read_proxy_header` -- ``KeyedBackendSerializationProxy`` (version 6): key serializer and
+  the list of registered states (a state's id in the data is its index in this list).
+* :func:`canonical_entries` -- the canonical savepoint stream (``FullSnapshotAsyncWriter``): per
+  key group a run of RocksDB-shaped ``(key, value)`` records, state switches and the end mark
+  flagged by bit 0x80 of the key's first byte.
+* :func:`heap_entries` -- hashmap checkpoints and hashmap native savepoints
+  (``HeapSnapshotStrategy``): per key group, per state ``(namespace, key, whole value)``.
+* :class:`StateDecoder` turns RocksDB-shaped records (also what :mod:`rocksdb_state` reads) into
+  :class:`Entry` objects, and :func:`entry_rows` into ``statectl state show`` rows.
+
+Row columns (the same as for Statekeeper snapshots): ``operator, key_group, state, key, namespace,
+user_key, value, expires_at``. ``key`` and ``user_key`` are text (String keys as is, Long keys as
+digits, others as JSON); ``value`` is the JSON text of the decoded value; a MAP state gives one row
+per entry; a LIST state's whole list is one JSON array. For TTL states ``value`` holds the user
+value and ``expires_at`` the *stored* TTL timestamp: Flink's ``lastAccessTimestamp`` (processing
+time in ms of the last write), so the entry expires at ``expires_at + ttl`` (the TTL duration is
+not in the snapshot); for a TTL list the latest element timestamp, for a TTL map the entry's own.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from state_engine.errors import FlinkStateError, UnsupportedFlinkSerializer
+from state_engine.flink.serializers import (
+    Buf,
+    FlinkSerializer,
+    ListSerializer,
+    MapSerializer,
+    TtlValue,
+    read_serializer_snapshot,
+)
+
+if TYPE_CHECKING:
+    from state_engine.flink.metadata import FlinkSnapshotMetadata, KeyedStateHandle, OperatorState
+
+PROXY_VERSION = 6
+END_OF_KEY_GROUP_MARK = 0xFFFF
+META_DATA_FOLLOWS_FLAG = 0x80
+LIST_DELIMITER = 0x2C  # ',' of RocksDB's StringAppendTESTOperator / ListDelimitedSerializer
+
+#: ``StateMetaInfoSnapshot.BackendStateType`` as written: the enum *ordinal*
+BACKEND_STATE_TYPES = ("KEY_VALUE", "OPERATOR", "BROADCAST", "PRIORITY_QUEUE", "KEY_VALUE_V2")
+
+COLUMNS = ("operator", "key_group", "state", "key", "namespace", "user_key", "value", "expires_at")
+
+
+@dataclass
+class StateInfo:
+    """One registered state of the keyed backend header."""
+
+    state_id: int
+    name: str
+    backend_type: str
+    kind: str  # VALUE, LIST, MAP, REDUCING, AGGREGATING; "" for timers
+    options: dict[str, str]
+    serializers: dict[str, FlinkSerializer]
+
+    @property
+    def is_timers(self) -> bool:
+        return self.backend_type == "PRIORITY_QUEUE"
+
+    @property
+    def value_serializer(self) -> FlinkSerializer:
+        return self.serializers["VALUE_SERIALIZER"]
+
+    @property
+    def namespace_serializer(self) -> FlinkSerializer | None:
+        return self.serializers.get("NAMESPACE_SERIALIZER")
+
+
+@dataclass
+class ProxyHeader:
+    version: int
+    compression: bool
+    key_serializer: FlinkSerializer
+    states: list[StateInfo]
+    end: int  # byte offset just after the header
+
+    def state(self, state_id: int, where: str) -> StateInfo:
+        if not 0 <= state_id < len(self.states):
+            raise FlinkStateError(
+                f"{where}: state id {state_id} is not in the header's {len(self.states)} states "
+                "(the data does not belong to this header; re-copy the snapshot)"
+            )
+        return self.states[state_id]
+
+    def by_name(self) -> dict[str, StateInfo]:
+        return {s.name: s for s in self.states}
+
+
+def read_proxy_header(data: bytes, where: str, pos: int = 0) -> ProxyHeader:
+    """``KeyedBackendSerializationProxy`` at ``pos`` of ``data`` (a keyed file or a meta handle)."""
+    buf = Buf(data, pos, where=where)
+    version = buf.i32()
+    if version != PROXY_VERSION:
+        raise FlinkStateError(
+            f"{where}: keyed backend header version {version} at byte {pos}; Flink 2.x writes "
+            f"version {PROXY_VERSION} and this reader knows only that"
+        )
+    compression = buf.boolean()
+    try:
+        key_ser = read_serializer_snapshot(buf)
+    except UnsupportedFlinkSerializer as exc:
+        raise UnsupportedFlinkSerializer(f"{where}: key serializer: {exc}") from None
+    n = buf.i16()
+    states: list[StateInfo] = []
+    for state_id in range(n):
+        name = buf.utf()
+        type_ordinal = buf.i32()
+        if not 0 <= type_ordinal < len(BACKEND_STATE_TYPES):
+            raise buf.fail(f"a backend state type ordinal 0..4 for state {name!r}", buf.pos - 4)
+        options = {}
+        for _ in range(buf.i32()):
+            k = buf.utf()
+            options[k] = buf.utf()
+        serializers: dict[str, FlinkSerializer] = {}
+        for _ in range(buf.i32()):
+            role = buf.utf()
+            try:
+                serializers[role] = read_serializer_snapshot(buf)
+            except UnsupportedFlinkSerializer as exc:
+                raise UnsupportedFlinkSerializer(f"{where}: state {name!r} {role}: {exc}") from None
+        states.append(
+            StateInfo(
+                state_id,
+                name,
+                BACKEND_STATE_TYPES[type_ordinal],
+                options.get("KEYED_STATE_TYPE", ""),
+                options,
+                serializers,
+            )
+        )
+    return ProxyHeader(version, compression, key_ser, states, buf.pos)
+
+
+# --- entries ---
+
+
+@dataclass
+class Entry:
+    """One decoded piece of keyed state (a MAP entry, a whole list, a value)."""
+
+    key_group: int
+    state: str
+    key: Any
+    namespace: Any
+    user_key: Any = None
+    value: Any = None
+    expires_at: int | None = None
+    # the serialized key (without key-group prefix) and hash, kept for conversion
+    raw: dict[str, bytes] = field(default_factory=dict)
+
+
+def _unwrap_ttl(value: Any) -> tuple[Any, int | None]:
+    if isinstance(value, TtlValue):
+        return value.value, value.timestamp
+    return value, None
+
+
+def _unwrap_list(values: list[Any]) -> tuple[list[Any], int | None]:
+    out, latest = [], None
+    for v in values:
+        user, ts = _unwrap_ttl(v)
+        out.append(user)
+        if ts is not None and (latest is None or ts > latest):
+            latest = ts
+    return out, latest
+
+
+class StateDecoder:
+    """Decodes RocksDB-shaped records (canonical stream, RocksDB SSTs) of one keyed backend."""
+
+    def __init__(self, header: ProxyHeader, max_parallelism: int, where: str) -> None:
+        self.header = header
+        self.where = where
+        self.prefix = 1 if max_parallelism <= 128 else 2
+        self.key_ser = header.key_serializer
+
+    def key_parts(self, state: StateInfo, key: bytes) -> tuple[int, Any, Any, bytes, Buf]:
+        """Key group, key, namespace, the key's own bytes, and a cursor at the user key."""
+        p = self.prefix
+        kg = key[0] if p == 1 else (key[0] << 8) | key[1]
+        buf = Buf(key, p, where=f"{self.where} state {state.name!r} key")
+        k = self.key_ser.read(buf)
+        key_bytes = key[p : buf.pos]
+        ns_ser = state.namespace_serializer
+        ambiguous = self.key_ser.length is None and ns_ser is not None and ns_ser.length is None
+        if ambiguous:
+            _skip_variable_int_bytes(buf, len(key_bytes))
+        ns_start = buf.pos
+        ns = ns_ser.read(buf) if ns_ser is not None else None
+        if ambiguous:
+            _skip_variable_int_bytes(buf, buf.pos - ns_start)
+        return kg, k, ns, key_bytes, buf
+
+    def decode(self, state: StateInfo, key: bytes, value: bytes) -> Entry:
+        kg, k, ns, key_bytes, buf = self.key_parts(state, key)
+        entry = Entry(kg, state.name, k, ns, raw={"key": key_bytes})
+        ser = state.value_serializer
+        where = f"{self.where} state {state.name!r} value"
+        if state.kind == "MAP" and isinstance(ser, MapSerializer):
+            assert ser.key is not None and ser.value is not None
+            entry.user_key = ser.key.read(buf)
+            vb = Buf(value, where=where)
+            if vb.boolean():
+                entry.value = None
+            else:
+                entry.value, entry.expires_at = _unwrap_ttl(ser.value.read(vb))
+            _expect_end(vb)
+        elif state.kind == "LIST" and isinstance(ser, ListSerializer):
+            assert ser.element is not None
+            entry.value, entry.expires_at = _unwrap_list(
+                read_delimited_list(value, ser.element, where)
+            )
+        else:
+            vb = Buf(value, where=where)
+            entry.value, entry.expires_at = _unwrap_ttl(ser.read(vb))
+            _expect_end(vb)
+        _expect_end(buf)
+        return entry
+
+
+def _expect_end(buf: Buf) -> None:
+    if buf.pos != buf.end:
+        raise buf.fail(f"the end of the record ({buf.end - buf.pos} byte(s) left over)")
+
+
+def _skip_variable_int_bytes(buf: Buf, length: int) -> None:
+    # CompositeKeySerializationUtils.writeVariableIntBytes: the length's bytes low->high, at
+    # least one, until the rest is 0; the reader knows the length from what it just read
+    while True:
+        buf.u8()
+        length >>= 8
+        if length == 0:
+            return
+
+
+def read_delimited_list(value: bytes, element: FlinkSerializer, where: str) -> list[Any]:
+    """RocksDB list value: elements joined by ``,`` (``ListDelimitedSerializer``), no count."""
+    buf = Buf(value, where=where)
+    out = []
+    while buf.pos < buf.end:
+        out.append(element.read(buf))
+        if buf.pos < buf.end:
+            d = buf.u8()
+            if d != LIST_DELIMITER:
+                raise buf.fail("the list delimiter ',' (0x2C)", buf.pos - 1)
+    return out
+
+
+# --- canonical savepoint stream ---
+
+
+def canonical_records(
+    data: bytes, offsets: list[int], where: str
+) -> Iterator[tuple[int, bytes, bytes]]:
+    """``(state id, key, value)`` of every non-empty key group (offset 0 = no data)."""
+    for off in offsets:
+        if off == 0:
+            continue
+        if off >= len(data):
+            raise FlinkStateError(
+                f"{where}: key-group offset {off} is past the end of the {len(data)}-byte file "
+                "(the file is truncated; re-copy the snapshot)"
+            )
+        buf = Buf(data, off, where=where)
+        state_id = buf.i16()
+        while True:
+            key = buf.take(buf.i32())
+            value = buf.take(buf.i32())
+            if key and key[0] & META_DATA_FOLLOWS_FLAG:
+                key = bytes([key[0] & ~META_DATA_FOLLOWS_FLAG & 0xFF]) + key[1:]
+                yield state_id, key, value
+                mark = buf.u16()
+                if mark == END_OF_KEY_GROUP_MARK:
+                    break
+                state_id = mark
+            else:
+                yield state_id, key, value
+
+
+def canonical_entries(
+    data: bytes, offsets: list[int], max_parallelism: int, where: str
+) -> Iterator[Entry]:
+    header = read_proxy_header(data, where)
+    _no_compression(header, where)
+    decoder = StateDecoder(header, max_parallelism, where)
+    states = header.states
+    for state_id, key, value in canonical_records(data, offsets, where):
+        state = header.state(state_id, where) if state_id >= len(states) else states[state_id]
+        if state.is_timers:
+            continue
+        yield decoder.decode(state, key, value)
+
+
+def _no_compression(header: ProxyHeader, where: str) -> None:
+    if header.compression:
+        raise FlinkStateError(
+            f"{where}: the snapshot was written with execution.checkpointing.snapshot-compression "
+            "(snappy); this reader does not decompress yet: read it with --raw or take a "
+            "savepoint without compression"
+        )
+
+
+# --- heap (hashmap) snapshots ---
+
+
+def heap_entries(
+    data: bytes, offsets: list[int], start_key_group: int, where: str
+) -> Iterator[Entry]:
+    """Every entry of a hashmap checkpoint / native savepoint file (one per subtask)."""
+    header = read_proxy_header(data, where)
+    _no_compression(header, where)
+    key_ser = header.key_serializer
+    for i, off in enumerate(offsets):
+        buf = Buf(data, off, where=where)
+        kg = buf.i32()
+        if kg != start_key_group + i:
+            raise buf.fail(f"key group {start_key_group + i} at its offset, found {kg}", off)
+        for _ in range(len(header.states)):
+            state = header.state(buf.i16(), where)
+            n = buf.i32()
+            if state.is_timers:
+                ser = state.value_serializer
+                for _ in range(n):
+                    ser.read(buf)
+                continue
+            ns_ser = state.namespace_serializer
+            ser = state.value_serializer
+            for _ in range(n):
+                ns = ns_ser.read(buf) if ns_ser is not None else None
+                start = buf.pos
+                key = key_ser.read(buf)
+                raw = {"key": data[start : buf.pos]}
+                value = ser.read(buf)
+                if state.kind == "MAP" and isinstance(value, dict):
+                    for uk, uv in value.items():
+                        user, ts = _unwrap_ttl(uv)
+                        yield Entry(kg, state.name, key, ns, uk, user, ts, raw)
+                elif state.kind == "LIST" and isinstance(value, list):
+                    values, ts = _unwrap_list(value)
+                    yield Entry(kg, state.name, key, ns, None, values, ts, raw)
+                else:
+                    user, ts = _unwrap_ttl(value)
+                    yield Entry(kg, state.name, key, ns, None, user, ts, raw)
+
+
+# --- rows ---
+
+
+def as_text(value: Any) -> str | None:
+    """A key or user key as text: strings as is, integers as digits, one-field rows unwrapped."""
+    if value is None:
+        return None
+    if isinstance(value, tuple) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    return as_json(value)
+
+
+def as_json(value: Any) -> str:
+    """The JSON text of a decoded value (bytes as base64 strings)."""
+    return json.dumps(value, default=_json_default, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, TtlValue):
+        return value.value
+    return repr(value)
+
+
+def entry_row(operator: str, e: Entry) -> dict[str, Any]:
+    value = e.value
+    if isinstance(value, dict):
+        value = {as_text(k): v for k, v in value.items()}
+    return {
+        "operator": operator,
+        "key_group": e.key_group,
+        "state": e.state,
+        "key": as_text(e.key),
+        "namespace": as_text(e.namespace),
+        "user_key": as_text(e.user_key),
+        "value": as_json(value),
+        "expires_at": e.expires_at,
+    }
+
+
+# --- whole snapshots ---
+
+
+def operator_label(op: OperatorState) -> str:
+    """How rows name an operator: its uid when the job set one, else the OperatorID hex."""
+    return op.uid or op.operator_id
+
+
+def snapshot_entries(
+    meta: FlinkSnapshotMetadata, operator: str | None = None
+) -> Iterator[tuple[OperatorState, int, Entry]]:
+    """``(operator, subtask, entry)`` for every keyed entry of the snapshot (timers left out)."""
+    from state_engine.flink import metadata as md
+
+    ops = [meta.operator(operator)] if operator is not None else meta.operators
+    for op in ops:
+        for st in op.subtasks:
+            for kh in st.keyed_handles:
+                where = f"{meta.metadata_path} operator {operator_label(op)} subtask {st.index}"
+                yield from ((op, st.index, e) for e in _handle_entries(md, kh, op, where))
+
+
+def _handle_entries(
+    md: Any, kh: KeyedStateHandle, op: OperatorState, where: str
+) -> Iterator[Entry]:
+    if kh.type in (md.KEY_GROUPS, md.SAVEPOINT_KEY_GROUPS):
+        if kh.delegate is None:
+            return
+        data = kh.delegate.read_bytes()
+        where = f"{where} file {kh.delegate.location or kh.delegate.name}"
+        if kh.type == md.SAVEPOINT_KEY_GROUPS:
+            yield from canonical_entries(data, list(kh.offsets), op.max_parallelism, where)
+        else:
+            yield from heap_entries(data, list(kh.offsets), kh.key_groups.start, where)
+    elif kh.type == md.INCREMENTAL:
+        from state_engine.flink.rocksdb_state import rocksdb_entries
+
+        yield from rocksdb_entries(kh, op.max_parallelism, where)
+    else:
+        raise FlinkStateError(
+            f"{where}: keyed state handle type {kh.type!r} (changelog state backend) is not "
+            "decoded; take a canonical savepoint of the job and read that"
+        )
+
+
+def snapshot_raw_rows(
+    meta: FlinkSnapshotMetadata, operator: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Undecoded rows: the RocksDB-shaped key and value as base64 (canonical and RocksDB only).
+
+    ``state`` is the state name where the header can be read, else ``#<state id>``.
+    """
+    from state_engine.flink import metadata as md
+
+    ops = [meta.operator(operator)] if operator is not None else meta.operators
+    b64 = base64.b64encode
+    for op in ops:
+        prefix = 1 if op.max_parallelism <= 128 else 2
+        for st in op.subtasks:
+            for kh in st.keyed_handles:
+                where = f"{meta.metadata_path} operator {operator_label(op)} subtask {st.index}"
+                if kh.type == md.SAVEPOINT_KEY_GROUPS and kh.delegate is not None:
+                    data = kh.delegate.read_bytes()
+                    names = _names_if_readable(data, where)
+                    records = (
+                        (names.get(sid, f"#{sid}"), k, v)
+                        for sid, k, v in canonical_records(data, list(kh.offsets), where)
+                    )
+                elif kh.type == md.INCREMENTAL:
+                    from state_engine.flink.rocksdb_state import raw_records
+
+                    records = raw_records(kh, op.max_parallelism, where)
+                else:
+                    raise FlinkStateError(
+                        f"{where}: --raw reads canonical savepoints and RocksDB snapshots; a "
+                        f"{kh.type} handle (hashmap snapshot) has no record boundaries without "
+                        "its serializers"
+                    )
+                for name, k, v in records:
+                    kg = k[0] if prefix == 1 else (k[0] << 8) | k[1]
+                    yield {
+                        "operator": operator_label(op),
+                        "key_group": kg,
+                        "state": name,
+                        "key": b64(k).decode("ascii"),
+                        "namespace": None,
+                        "user_key": None,
+                        "value": b64(v).decode("ascii"),
+                        "expires_at": None,
+                    }
+
+
+def _names_if_readable(data: bytes, where: str) -> dict[int, str]:
+    try:
+        return {s.state_id: s.name for s in read_proxy_header(data, where).states}
+    except FlinkStateError:
+        return {}
+
+
+def snapshot_rows(
+    meta: FlinkSnapshotMetadata,
+    *,
+    operator: str | None = None,
+    state: str | None = None,
+    key: str | None = None,
+    limit: int | None = None,
+    raw: bool = False,
+    pyflink_types: Any = None,
+) -> list[dict[str, Any]]:
+    """``statectl state show`` rows of a Flink snapshot, sorted by operator, key group, key, state.
+
+    ``limit`` None or 0 means every row. PyFlink jobs' states are decoded as PyFlink does
+    (:mod:`state_engine.flink.pyflink`).
+    """
+    if raw:
+        rows = list(snapshot_raw_rows(meta, operator))
+    else:
+        from state_engine.flink.pyflink import is_pyflink_entry, pyflink_entry
+
+        rows = []
+        for op, _subtask, e in snapshot_entries(meta, operator):
+            if is_pyflink_entry(e):
+                e = pyflink_entry(e, pyflink_types)
+            rows.extend(entry_rows(operator_label(op), e))
+    if state is not None:
+        rows = [r for r in rows if r["state"] == state]
+    if key is not None:
+        rows = [r for r in rows if r["key"] == key]
+    rows.sort(key=lambda r: (r["operator"], r["key_group"], r["key"] or "", r["state"]))
+    return rows[:limit] if limit else rows
+
+
+def entry_rows(operator: str, e: Entry) -> list[dict[str, Any]]:
+    return [entry_row(operator, e)]

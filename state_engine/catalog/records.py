@@ -17,6 +17,7 @@ class JobRecord:
     location: str | None
     properties: dict[str, Any]
     created_at: datetime
+    origin: str = "statekeeper"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,12 @@ from sqlalchemy.orm import Session
 
 from state_engine.catalog import views
 from state_engine.catalog.bulk import Bulk
+from state_engine.catalog.dirs import JobDirMixin
 from state_engine.catalog.engine import make_engine
 from state_engine.catalog.leases import LeaseMixin
 from state_engine.catalog.migrate import check_at_head
 from state_engine.catalog.models import (
+    JOB_ORIGINS,
     RETAINED_STATUSES,
     SNAPSHOT_FORMATS,
     SNAPSHOT_KINDS,
@@ -77,7 +79,7 @@ from state_engine.errors import (
 MAX_MAX_PARALLELISM = 32_768  # Flink's upper bound for max parallelism
 
 
-class Catalog(RunMixin, LeaseMixin, Store):
+class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
     """The SQL catalog. Open it with :meth:`open` (checks the schema is at head)."""
 
     @classmethod
@@ -120,9 +122,14 @@ class Catalog(RunMixin, LeaseMixin, Store):
         max_parallelism: int,
         location: str | None = None,
         properties: dict[str, Any] | None = None,
+        origin: str = "statekeeper",
     ) -> JobRecord:
-        """Register a job, or return it if registered with the same max parallelism."""
+        """Register a job, or return it if registered with the same max parallelism and origin."""
         check_name(name, "a job name")
+        if origin not in JOB_ORIGINS:
+            raise InvalidCatalogInput(
+                f"job origin must be one of {', '.join(JOB_ORIGINS)}, got {origin!r}"
+            )
         check_int(max_parallelism, "max_parallelism", 1, MAX_MAX_PARALLELISM)
         props = as_json(properties or {}, "job properties")
         with self._write() as s:
@@ -134,9 +141,15 @@ class Catalog(RunMixin, LeaseMixin, Store):
                     location=location,
                     properties=props,
                     created_at=self.now(),
+                    origin=origin,
                 )
                 s.add(job)
                 s.flush()
+            elif job.origin != origin:
+                raise InvalidCatalogInput(
+                    f"job {name!r} holds {job.origin} snapshots, not {origin} ones; give the "
+                    f"{origin} job another name"
+                )
             elif job.max_parallelism != max_parallelism:
                 raise InvalidCatalogInput(
                     f"job {name!r} has max parallelism {job.max_parallelism}, not "
@@ -593,12 +606,25 @@ class Catalog(RunMixin, LeaseMixin, Store):
             return self._snapshot_record(s, snapshot_id)
 
     def discard_snapshot(
-        self, snapshot_id: int, *, expected_version: int | None = None
+        self,
+        snapshot_id: int,
+        *,
+        expected_version: int | None = None,
+        error: str | None = None,
     ) -> SnapshotRecord:
-        """COMPLETED, SUBSUMED or FAILED -> DISCARDED: the snapshot can no longer be restored."""
+        """COMPLETED, SUBSUMED or FAILED -> DISCARDED: the snapshot can no longer be restored.
+
+        ``error`` records why when it was not discarded on purpose (its directory vanished).
+        """
+        extra = {} if error is None else {"error": error}
         with self._write() as s:
             self._transition(
-                s, snapshot_id, ("COMPLETED", "SUBSUMED", "FAILED"), "DISCARDED", expected_version
+                s,
+                snapshot_id,
+                ("COMPLETED", "SUBSUMED", "FAILED"),
+                "DISCARDED",
+                expected_version,
+                **extra,
             )
             return self._snapshot_record(s, snapshot_id)
 
@@ -1087,7 +1113,9 @@ def _check_reuse(
 
 
 def _job(j: Job) -> JobRecord:
-    return JobRecord(j.id, j.name, j.max_parallelism, j.location, j.properties, j.created_at)
+    return JobRecord(
+        j.id, j.name, j.max_parallelism, j.location, j.properties, j.created_at, j.origin
+    )
 
 
 def _state(r: State, operator: str) -> StateRecord:

@@ -413,12 +413,22 @@ def snapshot_entries(
     """``(operator, subtask, entry)`` for every keyed entry of the snapshot (timers left out)."""
     from state_engine.flink import metadata as md
 
-    ops = [meta.operator(operator)] if operator is not None else meta.operators
-    for op in ops:
+    for op in _operators(meta, operator):
         for st in op.subtasks:
             for kh in st.keyed_handles:
                 where = f"{meta.metadata_path} operator {operator_label(op)} subtask {st.index}"
                 yield from ((op, st.index, e) for e in _handle_entries(md, kh, op, where))
+
+
+def _operators(meta: FlinkSnapshotMetadata, operator: str | None) -> list[OperatorState]:
+    if operator is None:
+        return list(meta.operators)
+    try:
+        return [meta.operator(operator)]
+    except KeyError as exc:
+        from state_engine.errors import InvalidJobParams
+
+        raise InvalidJobParams(str(exc.args[0])) from None
 
 
 def _handle_entries(
@@ -453,9 +463,8 @@ def snapshot_raw_rows(
     """
     from state_engine.flink import metadata as md
 
-    ops = [meta.operator(operator)] if operator is not None else meta.operators
     b64 = base64.b64encode
-    for op in ops:
+    for op in _operators(meta, operator):
         prefix = 1 if op.max_parallelism <= 128 else 2
         for st in op.subtasks:
             for kh in st.keyed_handles:
@@ -533,3 +542,24 @@ def snapshot_rows(
 
 def entry_rows(operator: str, e: Entry) -> list[dict[str, Any]]:
     return [entry_row(operator, e)]
+
+
+def catalog_flink_metadata(catalog: Any, snapshot_id: int) -> FlinkSnapshotMetadata | None:
+    """The ``_metadata`` of catalog snapshot ``snapshot_id`` if its job came from Flink, else None.
+
+    A Flink snapshot must be COMPLETED (its directory still there); the catalog is only read.
+    """
+    from state_engine.errors import InvalidJobParams
+    from state_engine.flink.metadata import read_metadata
+
+    snap = catalog.get_snapshot(snapshot_id)
+    job = catalog.get_job(snap.job_id)
+    if getattr(job, "origin", "statekeeper") != "flink":
+        return None
+    if snap.status != "COMPLETED":
+        raise InvalidJobParams(
+            f"snapshot {snapshot_id} of Flink job {job.name!r} is {snap.status}, not COMPLETED: "
+            "only completed snapshots can be read (statectl snapshots NAME lists them)"
+        )
+    job_dir = job.location if job.location and snap.location.startswith(job.location) else None
+    return read_metadata(snap.location, job_dir=job_dir)

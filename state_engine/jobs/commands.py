@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from state_engine.config import Settings
+from state_engine.errors import InvalidJobParams
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
 _NOT_PARAMS = {"handler", "command", "job_name", "maintain_command", "state_command", "json"}
@@ -229,20 +230,46 @@ def cmd_state_show(args: argparse.Namespace) -> int:
     with Catalog.from_settings(settings) as catalog:
         # checked before Spark starts: a bad id should not cost a JVM
         catalog.get_snapshot(args.snapshot)
-        rows = show_rows(
-            build_spark(settings),
-            catalog,
-            args.snapshot,
-            state=args.state,
-            key=args.key,
-            operator=args.operator,
-            limit=args.limit,
+        flink_rows = _flink_state_rows(catalog, args)
+        rows = (
+            flink_rows
+            if flink_rows is not None
+            else show_rows(
+                build_spark(settings),
+                catalog,
+                args.snapshot,
+                state=args.state,
+                key=args.key,
+                operator=args.operator,
+                limit=args.limit,
+            )
         )
     if args.json:
         print(json.dumps(rows, default=_json_default, ensure_ascii=False))
     else:
         print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows]))
     return 0
+
+
+def _flink_state_rows(catalog: Any, args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """Rows of a snapshot of a Flink job, decoded in-process from Flink's bytes (no Spark)."""
+    from state_engine.flink.keyed_state import catalog_flink_metadata, snapshot_rows
+    from state_engine.flink.pyflink import PyFlinkTypes
+
+    meta = catalog_flink_metadata(catalog, args.snapshot)
+    if meta is None:
+        if getattr(args, "raw", False):
+            raise InvalidJobParams("--raw reads snapshots of Flink jobs only")
+        return None
+    return snapshot_rows(
+        meta,
+        operator=args.operator,
+        state=args.state,
+        key=args.key,
+        limit=args.limit,
+        raw=args.raw,
+        pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
+    )
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], width: int = 60) -> str:
@@ -290,4 +317,16 @@ def register(subparsers: Any) -> None:
     show.add_argument("--operator", help="only this operator")
     show.add_argument("--limit", type=int, default=100, help="at most this many rows (100)")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    show.add_argument(
+        "--raw",
+        action="store_true",
+        help="Flink snapshots: keys and values as base64 bytes, not decoded",
+    )
+    show.add_argument(
+        "--pyflink-type",
+        dest="pyflink_types",
+        action="append",
+        metavar="STATE=KIND[:TYPE[:TYPE]]",
+        help="PyFlink jobs: how a Python state is coded, e.g. total=value:LONG (repeatable)",
+    )
     show.set_defaults(handler=cmd_state_show)

@@ -561,5 +561,20 @@ def catalog_flink_metadata(catalog: Any, snapshot_id: int) -> FlinkSnapshotMetad
             f"snapshot {snapshot_id} of Flink job {job.name!r} is {snap.status}, not COMPLETED: "
             "only completed snapshots can be read (statectl snapshots NAME lists them)"
         )
+    if not _is_flink_metadata(snap.location):
+        return None  # a Statekeeper snapshot of the job, e.g. a converted savepoint
     job_dir = job.location if job.location and snap.location.startswith(job.location) else None
     return read_metadata(snap.location, job_dir=job_dir)
+
+
+def _is_flink_metadata(location: str) -> bool:
+    import fsspec
+
+    from state_engine.flink.metadata import HEADER_MAGIC_NUMBER, metadata_file
+
+    try:
+        with fsspec.open(metadata_file(location), "rb") as f:
+            head = f.read(4)
+    except (FileNotFoundError, IsADirectoryError):
+        return True  # let the Flink reader name what is missing
+    return len(head) < 4 or int.from_bytes(head, "big") == HEADER_MAGIC_NUMBER

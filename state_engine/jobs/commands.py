@@ -19,6 +19,7 @@ from state_engine.errors import InvalidJobParams
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
 _NOT_PARAMS = {"handler", "command", "job_name", "maintain_command", "state_command", "json"}
+_NOT_PARAMS |= {"ttl", "pyflink_types"}  # Flink conversion options (flink/convert.py)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,19 @@ def _savepoint_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watermark", type=int, help="drop entries of event-time TTL expired at (ms)")
     p.add_argument("--tasks", type=int, help="Spark tasks to write with (default: 2 per core)")
     p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
+    p.add_argument(
+        "--ttl",
+        action="append",
+        metavar="STATE=MS",
+        help="Flink snapshots: the TTL of a TTL state in ms (Flink does not store it); repeatable",
+    )
+    p.add_argument(
+        "--pyflink-type",
+        dest="pyflink_types",
+        action="append",
+        metavar="STATE=KIND[:TYPE[:TYPE]]",
+        help="PyFlink snapshots: how a Python state is coded, e.g. total=value:LONG",
+    )
 
 
 def _rescale_arguments(p: argparse.ArgumentParser) -> None:
@@ -216,7 +230,9 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    report = run_job(args)
+    report = _flink_savepoint(args) if args.job_name == "savepoint" else None
+    if report is None:
+        report = run_job(args)
     print(json.dumps(report, default=_json_default, sort_keys=True))
     return 0
 
@@ -249,6 +265,30 @@ def cmd_state_show(args: argparse.Namespace) -> int:
     else:
         print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows]))
     return 0
+
+
+def _flink_savepoint(args: argparse.Namespace) -> dict[str, Any] | None:
+    """A snapshot of a Flink job converts in-process (no Spark); None for any other snapshot."""
+    if getattr(args, "snapshot", None) is None:
+        return None
+    from state_engine.catalog import Catalog
+    from state_engine.flink import convert
+    from state_engine.flink.keyed_state import catalog_flink_metadata
+    from state_engine.flink.pyflink import PyFlinkTypes
+
+    settings = Settings.from_env()
+    with Catalog.from_settings(settings) as catalog:
+        if catalog_flink_metadata(catalog, args.snapshot) is None:
+            return None
+        return convert.run(
+            catalog,
+            args.snapshot,
+            savepoint_dir=args.savepoint_dir,
+            ttl=convert.parse_ttl(args.ttl),
+            pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
+            run_id=args.run_id,
+            settings=settings,
+        )
 
 
 def _flink_state_rows(catalog: Any, args: argparse.Namespace) -> list[dict[str, Any]] | None:

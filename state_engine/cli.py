@@ -287,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     from state_engine.verify import register as register_verify
 
     register_verify(commands)
+    from state_engine.flink.cli import register as register_flink
+
+    register_flink(commands)
     return parser
 
 

@@ -988,6 +988,7 @@ def _snapshot_files_stmt(snapshot_id: int) -> Select[Any]:
             SnapshotFile.key_group_end,
             File.created_by_snapshot_id,
             File.last_used_snapshot_id,
+            SnapshotFile.details,
         )
         .join(File, File.id == SnapshotFile.file_id)
         .outerjoin(Operator, Operator.id == SnapshotFile.operator_id)

@@ -915,6 +915,8 @@ def metadata_from_bytes(
 ) -> FlinkSnapshotMetadata:
     """Parse ``data`` (the bytes of ``metadata_path``), resolve its paths; see read_metadata."""
     directory = posixpath.dirname(metadata_path.rstrip("/"))
+    if job_dir is not None:
+        job_dir = _local_url(job_dir).rstrip("/")
     if job_dir is None and _CHK_DIR.match(posixpath.basename(directory)):
         job_dir = posixpath.dirname(directory)
     version, cid, masters, operators, props = parse_metadata(data, metadata_path)

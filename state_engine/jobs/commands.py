@@ -223,6 +223,13 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     from state_engine.jobs.spark import build_spark
 
     settings = Settings.from_env()
+    if args.job_name in ("expire", "orphan_cleanup"):
+        # Jobs imported from Apache Flink are maintained in plain Python: no Spark starts.
+        from state_engine.flink.retention import flink_runner, run_maintenance
+
+        with Catalog.from_settings(settings) as catalog:
+            if flink_runner(catalog, args.job_name, job_params(args)) is not None:
+                return run_maintenance(catalog, args.job_name, settings, **job_params(args))
     runner = JOBS[args.job_name].runner()
     spark = build_spark(settings)
     with Catalog.from_settings(settings) as catalog:

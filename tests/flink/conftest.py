@@ -75,3 +75,15 @@ def flink_copy(flink_fixtures: FlinkFixtures, tmp_path: Path) -> Callable[[Path]
         return dst
 
     return copy
+
+
+# The catalog fixtures of tests/catalog (a SQLite file and the real PostgreSQL, each empty at
+# head): the Flink import and retention tests run on both databases.
+from catalog.conftest import (  # noqa: E402,F401
+    catalog,
+    catalog_url,
+    clock,
+    make_pg_database,
+    pg_catalog_url,
+    sqlite_template,
+)

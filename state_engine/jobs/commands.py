@@ -210,6 +210,7 @@ def add_job_parsers(subparsers: Any, handler: Callable[[argparse.Namespace], int
         p.add_argument("--run-id", help="the run's id: the same id again never redoes a success")
         p.add_argument("--dag-id", help="Airflow DAG id (recorded with the run)")
         p.add_argument("--airflow-run-id", help="Airflow run id (recorded with the run)")
+        p.add_argument("--json", action="store_true", help="the report is JSON (it always is)")
         p.set_defaults(handler=handler, job_name=spec.name)
 
 

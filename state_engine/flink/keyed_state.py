@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from state_engine.errors import FlinkStateError, UnsupportedFlinkSerializer
@@ -143,7 +143,7 @@ def read_proxy_header(data: bytes, where: str, pos: int = 0) -> ProxyHeader:
 # --- entries ---
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One decoded piece of keyed state (a MAP entry, a whole list, a value)."""
 
@@ -154,8 +154,6 @@ class Entry:
     user_key: Any = None
     value: Any = None
     expires_at: int | None = None
-    # the serialized key (without key-group prefix) and hash, kept for conversion
-    raw: dict[str, bytes] = field(default_factory=dict)
 
 
 def _unwrap_ttl(value: Any) -> tuple[Any, int | None]:
@@ -182,48 +180,74 @@ class StateDecoder:
         self.where = where
         self.prefix = 1 if max_parallelism <= 128 else 2
         self.key_ser = header.key_serializer
+        # per state: what decode() needs, computed once (decode runs once per record)
+        self._plans: dict[str, tuple[Any, ...]] = {}
+
+    def _plan(self, state: StateInfo) -> tuple[Any, ...]:
+        plan = self._plans.get(state.name)
+        if plan is None:
+            ns_ser = state.namespace_serializer
+            ambiguous = self.key_ser.length is None and ns_ser is not None and ns_ser.length is None
+            ser = state.value_serializer
+            if state.kind == "MAP" and isinstance(ser, MapSerializer):
+                mode = 1
+            elif state.kind == "LIST" and isinstance(ser, ListSerializer):
+                mode = 2
+            else:
+                mode = 0
+            plan = (
+                f"{self.where} state {state.name!r} key",
+                f"{self.where} state {state.name!r} value",
+                ns_ser,
+                ambiguous,
+                mode,
+                ser,
+            )
+            self._plans[state.name] = plan
+        return plan
 
     def key_parts(self, state: StateInfo, key: bytes) -> tuple[int, Any, Any, bytes, Buf]:
         """Key group, key, namespace, the key's own bytes, and a cursor at the user key."""
+        where_key, _, ns_ser, ambiguous, _, _ = self._plan(state)
         p = self.prefix
         kg = key[0] if p == 1 else (key[0] << 8) | key[1]
-        buf = Buf(key, p, where=f"{self.where} state {state.name!r} key")
+        buf = Buf(key, p, where=where_key)
         k = self.key_ser.read(buf)
-        key_bytes = key[p : buf.pos]
-        ns_ser = state.namespace_serializer
-        ambiguous = self.key_ser.length is None and ns_ser is not None and ns_ser.length is None
+        key_end = buf.pos
         if ambiguous:
-            _skip_variable_int_bytes(buf, len(key_bytes))
+            _skip_variable_int_bytes(buf, key_end - p)
         ns_start = buf.pos
         ns = ns_ser.read(buf) if ns_ser is not None else None
         if ambiguous:
             _skip_variable_int_bytes(buf, buf.pos - ns_start)
-        return kg, k, ns, key_bytes, buf
+        return kg, k, ns, key[p:key_end], buf
 
     def decode(self, state: StateInfo, key: bytes, value: bytes) -> Entry:
-        kg, k, ns, key_bytes, buf = self.key_parts(state, key)
-        entry = Entry(kg, state.name, k, ns, raw={"key": key_bytes})
-        ser = state.value_serializer
-        where = f"{self.where} state {state.name!r} value"
-        if state.kind == "MAP" and isinstance(ser, MapSerializer):
-            assert ser.key is not None and ser.value is not None
-            entry.user_key = ser.key.read(buf)
-            vb = Buf(value, where=where)
+        _, where, _, _, mode, ser = self._plan(state)
+        kg, k, ns, _key_bytes, buf = self.key_parts(state, key)
+        if mode == 1:
+            user_key = ser.key.read(buf)
+            vb = Buf(value, 0, where=where)
             if vb.boolean():
-                entry.value = None
+                v, ts = None, None
             else:
-                entry.value, entry.expires_at = _unwrap_ttl(ser.value.read(vb))
-            _expect_end(vb)
-        elif state.kind == "LIST" and isinstance(ser, ListSerializer):
-            assert ser.element is not None
-            entry.value, entry.expires_at = _unwrap_list(
-                read_delimited_list(value, ser.element, where)
-            )
+                v = ser.value.read(vb)
+                v, ts = (v.value, v.timestamp) if type(v) is TtlValue else (v, None)
+            if vb.pos != vb.end:
+                _expect_end(vb)
+            entry = Entry(kg, state.name, k, ns, user_key, v, ts)
+        elif mode == 2:
+            values, ts = _unwrap_list(read_delimited_list(value, ser.element, where))
+            entry = Entry(kg, state.name, k, ns, None, values, ts)
         else:
-            vb = Buf(value, where=where)
-            entry.value, entry.expires_at = _unwrap_ttl(ser.read(vb))
-            _expect_end(vb)
-        _expect_end(buf)
+            vb = Buf(value, 0, where=where)
+            v = ser.read(vb)
+            v, ts = (v.value, v.timestamp) if type(v) is TtlValue else (v, None)
+            if vb.pos != vb.end:
+                _expect_end(vb)
+            entry = Entry(kg, state.name, k, ns, None, v, ts)
+        if buf.pos != buf.end:
+            _expect_end(buf)
         return entry
 
 
@@ -336,20 +360,18 @@ def heap_entries(
             ser = state.value_serializer
             for _ in range(n):
                 ns = ns_ser.read(buf) if ns_ser is not None else None
-                start = buf.pos
                 key = key_ser.read(buf)
-                raw = {"key": data[start : buf.pos]}
                 value = ser.read(buf)
                 if state.kind == "MAP" and isinstance(value, dict):
                     for uk, uv in value.items():
                         user, ts = _unwrap_ttl(uv)
-                        yield Entry(kg, state.name, key, ns, uk, user, ts, raw)
+                        yield Entry(kg, state.name, key, ns, uk, user, ts)
                 elif state.kind == "LIST" and isinstance(value, list):
                     values, ts = _unwrap_list(value)
-                    yield Entry(kg, state.name, key, ns, None, values, ts, raw)
+                    yield Entry(kg, state.name, key, ns, None, values, ts)
                 else:
                     user, ts = _unwrap_ttl(value)
-                    yield Entry(kg, state.name, key, ns, None, user, ts, raw)
+                    yield Entry(kg, state.name, key, ns, None, user, ts)
 
 
 # --- rows ---

@@ -27,6 +27,9 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _F32 = struct.Struct(">f")
 _F64 = struct.Struct(">d")
+_I16_FROM = _I16.unpack_from
+_I32_FROM = _I32.unpack_from
+_I64_FROM = _I64.unpack_from
 
 # CompositeTypeSerializerSnapshot / NestedSerializersSnapshotDelegate magic numbers
 COMPOSITE_MAGIC = 911108
@@ -77,16 +80,28 @@ class Buf:
         return v - 256 if v > 127 else v
 
     def i16(self) -> int:
-        return int(self._unpack(_I16, "a short"))
+        p = self.pos
+        if p + 2 > self.end:
+            raise self.fail(f"a short (2 bytes), {self.end - p} left")
+        self.pos = p + 2
+        return _I16_FROM(self.data, p)[0]  # type: ignore[no-any-return]
 
     def u16(self) -> int:
         return int(self._unpack(_U16, "an unsigned short"))
 
     def i32(self) -> int:
-        return int(self._unpack(_I32, "an int"))
+        p = self.pos
+        if p + 4 > self.end:
+            raise self.fail(f"an int (4 bytes), {self.end - p} left")
+        self.pos = p + 4
+        return _I32_FROM(self.data, p)[0]  # type: ignore[no-any-return]
 
     def i64(self) -> int:
-        return int(self._unpack(_I64, "a long"))
+        p = self.pos
+        if p + 8 > self.end:
+            raise self.fail(f"a long (8 bytes), {self.end - p} left")
+        self.pos = p + 8
+        return _I64_FROM(self.data, p)[0]  # type: ignore[no-any-return]
 
     def f32(self) -> float:
         return float(self._unpack(_F32, "a float"))
@@ -123,11 +138,16 @@ class Buf:
 
     def string_value(self) -> str | None:
         """``StringValue.readString``: varint(len+1) (0 = null), then UTF-16 units as varints."""
-        n = self.varint()
+        p = self.pos
+        if p < self.end and self.data[p] < 0x80:  # lengths below 127: one byte
+            n = self.data[p]
+            self.pos = p = p + 1
+        else:
+            n = self.varint()
+            p = self.pos
         if n == 0:
             return None
         n -= 1
-        p = self.pos
         chunk = self.data[p : p + n]
         if len(chunk) == n and chunk.isascii():  # the common case: one byte per unit
             self.pos = p + n
@@ -185,36 +205,44 @@ class FlinkSerializer:
         return self.simple_name().split("$")[0]
 
 
+def _read_void(buf: Buf) -> None:
+    buf.u8()
+    return None
+
+
+def _read_bytes(buf: Buf) -> bytes:
+    return buf.take(buf.i32())
+
+
+def _read_char(buf: Buf) -> str:
+    return chr(buf.u16())
+
+
+_SCALAR_READERS: dict[str, Any] = {
+    "long": Buf.i64,
+    "string": Buf.string_value,
+    "int": Buf.i32,
+    "short": Buf.i16,
+    "byte": Buf.i8,
+    "double": Buf.f64,
+    "float": Buf.f32,
+    "boolean": Buf.boolean,
+    "char": _read_char,
+    "bytes": _read_bytes,
+    "void": _read_void,
+}
+
+
 @dataclass(frozen=True)
 class _Scalar(FlinkSerializer):
     kind: str = ""
 
+    def __post_init__(self) -> None:
+        # an instance attribute shadows the method: one dict lookup at build time, none per value
+        self.__dict__["read"] = _SCALAR_READERS[self.kind]
+
     def read(self, buf: Buf) -> Any:
-        k = self.kind
-        if k == "long":
-            return buf.i64()
-        if k == "string":
-            return buf.string_value()
-        if k == "int":
-            return buf.i32()
-        if k == "short":
-            return buf.i16()
-        if k == "byte":
-            return buf.i8()
-        if k == "double":
-            return buf.f64()
-        if k == "float":
-            return buf.f32()
-        if k == "boolean":
-            return buf.boolean()
-        if k == "char":
-            return chr(buf.u16())
-        if k == "bytes":
-            return buf.take(buf.i32())
-        if k == "void":
-            buf.u8()
-            return None
-        raise buf.fail(f"a value of serializer {self.java_class}")
+        return _SCALAR_READERS[self.kind](buf)
 
 
 @dataclass(frozen=True)

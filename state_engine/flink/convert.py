@@ -405,16 +405,8 @@ def run(
     """
     import uuid
 
-    from state_engine.catalog import KeyGroupStatRow
     from state_engine.flink.keyed_state import catalog_flink_metadata
-    from state_engine.jobs.commit import (
-        abort_output,
-        begin_output,
-        commit_output,
-        previous_output,
-        run_tag,
-        storage_for,
-    )
+    from state_engine.jobs.commit import previous_output, run_tag
 
     meta = catalog_flink_metadata(catalog, snapshot)
     if meta is None:
@@ -423,7 +415,50 @@ def run(
             "savepoint for Statekeeper snapshots"
         )
     record = catalog.get_snapshot(snapshot)
-    tag = run_tag(run_id or f"flink-convert-{uuid.uuid4().hex}")
+    run_id = run_id or f"savepoint-{uuid.uuid4().hex}"
+    tag = run_tag(run_id)
+    params = {"snapshot": snapshot, "savepoint_dir": savepoint_dir, "ttl": ttl or {}}
+    started = catalog.start_run(
+        run_id, "savepoint", job=record.job, params=params, input_snapshot_id=snapshot
+    )
+    if started.status == "SUCCEEDED":  # this run already converted: its savepoint exists
+        done = previous_output(catalog, record.job, tag)
+        if done is not None:
+            return {"run_id": run_id, **_report(record, done, None, recovered=True)}
+    try:
+        report = _convert(catalog, record, meta, tag, savepoint_dir, ttl, pyflink_types, settings)
+    except BaseException as exc:
+        catalog.fail_run(run_id, str(exc)[:2000])
+        raise
+    catalog.finish_run(
+        run_id,
+        stats={"origin": "flink", "skipped": report["skipped"], "recovered": report["recovered"]},
+        output_snapshot_id=report["output_snapshot_id"],
+        rows_out=report["rows_out"],
+        bytes_out=report["bytes_out"],
+    )
+    return {"run_id": run_id, **report}
+
+
+def _convert(
+    catalog: Any,
+    record: Any,
+    meta: FlinkSnapshotMetadata,
+    tag: str,
+    savepoint_dir: str | None,
+    ttl: dict[str, int] | None,
+    pyflink_types: PyFlinkTypes | None,
+    settings: Any,
+) -> dict[str, Any]:
+    from state_engine.catalog import KeyGroupStatRow
+    from state_engine.jobs.commit import (
+        abort_output,
+        begin_output,
+        commit_output,
+        previous_output,
+        storage_for,
+    )
+
     done = previous_output(catalog, record.job, tag)
     if done is not None:
         return _report(record, done, None, recovered=True)

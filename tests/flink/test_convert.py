@@ -170,6 +170,9 @@ def test_pyflink_keys_keep_flinks_row_hash_and_key_group(
             cat, sid, savepoint_dir=(tmp_path / "py-sp").as_uri(), pyflink_types=types
         )
         meta = read_metadata(SnapshotDir.from_url(report["output_location"], allow_shared=False))
+        again = convert.run(cat, sid, pyflink_types=types, run_id=report["run_id"])
+        assert again["recovered"] and again["output_snapshot_id"] == report["output_snapshot_id"]
+        assert [r.status for r in cat.list_runs(job="py")] == ["SUCCEEDED"]
     from state_engine.checkpoint.canonical import read_entries
 
     rows = list(
@@ -204,6 +207,7 @@ def test_unconvertible_snapshot_leaves_nothing_behind(
         with pytest.raises(FlinkConversionError, match="KryoSerializerSnapshot"):
             convert.run(cat, sid, savepoint_dir=target.as_uri())
         statuses = {s.id: s.status for s in cat.list_snapshots("fraud")}
+        assert [r.status for r in cat.list_runs(job="fraud")] == ["FAILED"]
     assert statuses[sid] == "COMPLETED"
     assert [s for i, s in statuses.items() if i != sid] == ["FAILED"]
     assert not target.exists() or not any(target.iterdir())

@@ -555,7 +555,15 @@ def snapshot_rows(
                 e = pyflink_entry(e, pyflink_types)
             rows.extend(entry_rows(operator_label(op), e))
     if state is not None:
+        names = {r["state"] for r in rows}
         rows = [r for r in rows if r["state"] == state]
+        if not rows:
+            from state_engine.errors import InvalidJobParams
+
+            raise InvalidJobParams(
+                f"{meta.metadata_path} has no rows of state {state!r}; states with rows: "
+                f"{', '.join(sorted(names)) or 'none'}"
+            )
     if key is not None:
         rows = [r for r in rows if r["key"] == key]
     rows.sort(key=lambda r: (r["operator"], r["key_group"], r["key"] or "", r["state"]))

@@ -94,6 +94,8 @@ def test_bad_requests_are_one_line_errors(
     sid = _register(home, "fraud", sp, 5, "SAVEPOINT")
     code, _, err = _show(capsys, str(sid), "--operator", "nope")
     assert code != 0 and "nope" in err and "Traceback" not in err and err.count("\n") == 1
+    code, _, err = _show(capsys, str(sid), "--state", "totals")
+    assert code != 0 and "'totals'" in err and "total" in err and err.count("\n") == 1
     code, _, err = _show(capsys, str(sid), "--pyflink-type", "total")
     assert code != 0 and "NAME=KIND" in err and err.count("\n") == 1
     with Catalog.open(f"sqlite:///{home / 'catalog.db'}") as cat:

@@ -213,3 +213,44 @@ def test_unconvertible_snapshot_leaves_nothing_behind(
     assert not target.exists() or not any(target.iterdir())
     with pytest.raises(FlinkConversionError, match="STATE=MS"):
         convert.parse_ttl(["lastSeen=1h"])
+
+
+def test_a_conversion_killed_after_its_metadata_recovers_on_retry(
+    home: Path, flink_fixtures: Any, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    statectl = Path(sys.executable).parent / "statectl"
+    source = flink_fixtures.java_savepoints("hashmap") / "savepoint-24b66e-d8d099a6f7d1"
+    with _catalog(home) as cat:
+        sid = _register(cat, "fraud", source, 5, "SAVEPOINT")
+    # the default savepoint directory: a retry writes under a new name (with a fixed
+    # --savepoint-dir the killed attempt's registered _metadata name blocks the retry)
+    argv = [str(statectl), "maintain", "savepoint", "--snapshot", str(sid), "--run-id", "conv-1"]
+    env = {**os.environ, "STATEKEEPER_CRASH_AT": "jobs.commit.after_metadata"}
+    killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with _catalog(home) as cat:
+        (pending,) = [s for s in cat.list_snapshots("fraud") if s.id != sid]
+        assert pending.status == "PENDING"
+    env.pop("STATEKEEPER_CRASH_AT")
+    retry = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert retry.returncode == 0, retry.stderr
+    report = json.loads(retry.stdout.splitlines()[-1])
+    with _catalog(home) as cat:
+        statuses = {s.id: s.status for s in cat.list_snapshots("fraud")}
+        assert statuses == {
+            sid: "COMPLETED",
+            pending.id: "FAILED",
+            report["output_snapshot_id"]: "COMPLETED",
+        }
+        assert [r.status for r in cat.list_runs(job="fraud")] == ["SUCCEEDED"]
+        out = cat.get_snapshot(report["output_snapshot_id"])
+    snap = SnapshotDir.from_url(out.location, allow_shared=False)
+    verify(snap, read_metadata(snap), deep=True)
+    # the killed attempt's directory is gone (or is the retry's own, reused)
+    if pending.location != out.location:
+        assert not Path(pending.location.removeprefix("file://")).exists()

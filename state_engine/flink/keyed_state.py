@@ -210,6 +210,11 @@ class StateDecoder:
         """Key group, key, namespace, the key's own bytes, and a cursor at the user key."""
         where_key, _, ns_ser, ambiguous, _, _ = self._plan(state)
         p = self.prefix
+        if len(key) <= p:
+            raise FlinkStateError(
+                f"{where_key}: a {len(key)}-byte key cannot hold the {p}-byte key-group prefix "
+                "and a key (the data is corrupt; re-copy the snapshot)"
+            )
         kg = key[0] if p == 1 else (key[0] << 8) | key[1]
         buf = Buf(key, p, where=where_key)
         k = self.key_ser.read(buf)
@@ -318,7 +323,7 @@ def canonical_entries(
     decoder = StateDecoder(header, max_parallelism, where)
     states = header.states
     for state_id, key, value in canonical_records(data, offsets, where):
-        state = header.state(state_id, where) if state_id >= len(states) else states[state_id]
+        state = states[state_id] if 0 <= state_id < len(states) else header.state(state_id, where)
         if state.is_timers:
             continue
         yield decoder.decode(state, key, value)

@@ -148,6 +148,8 @@ class Buf:
         if n == 0:
             return None
         n -= 1
+        if n > self.end - p:  # every unit takes at least one byte
+            raise self.fail(f"a string of {n} characters, {self.end - p} byte(s) left")
         chunk = self.data[p : p + n]
         if len(chunk) == n and chunk.isascii():  # the common case: one byte per unit
             self.pos = p + n

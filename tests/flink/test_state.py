@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from state_engine.errors import FlinkStateError, UnsupportedFlinkSerializer
 from state_engine.flink.keyed_state import (
@@ -118,8 +120,8 @@ def _source_positions(meta: FlinkSnapshotMetadata) -> dict[str, int]:
     """Next index per split, from the source's SourceReaderState (NumberSequenceSplit)."""
     out = {}
     for op in meta.operators:
-        for st in op.subtasks:
-            h = st.managed_operator_state
+        for sub in op.subtasks:
+            h = sub.managed_operator_state
             if (
                 h is None
                 or h.delegate is None
@@ -231,8 +233,8 @@ def test_unknown_serializer_names_state_and_class_and_raw_still_reads(
 
 
 def _offsets(meta: FlinkSnapshotMetadata, handle: Any) -> tuple[int, ...]:
-    for st in meta.operator("agg").subtasks:
-        for kh in st.keyed_handles:
+    for sub in meta.operator("agg").subtasks:
+        for kh in sub.keyed_handles:
             if kh.delegate is handle:
                 return kh.offsets
     raise AssertionError("handle not found")
@@ -282,3 +284,42 @@ def test_fixture_tree_is_left_untouched(flink_fixtures: Any) -> None:
     before = sorted(p.name for p in Path(meta.directory).iterdir())
     snapshot_rows(meta, limit=1)
     assert sorted(p.name for p in Path(meta.directory).iterdir()) == before
+
+
+@pytest.fixture(scope="module")
+def damaged_inputs(flink_fixtures: Any) -> dict[str, tuple[bytes, list[int], int]]:
+    """Two key groups of a canonical and of a heap savepoint file: (bytes, offsets, first kg)."""
+    out = {}
+    for name, sp in (
+        ("canonical", "savepoint-24b66e-d8d099a6f7d1"),
+        ("heap", "savepoint-24b66e-1f90111708b1"),
+    ):
+        meta = read_metadata(str(flink_fixtures.java_savepoints("hashmap") / sp))
+        kh = meta.operator("agg").subtasks[0].keyed_handles[0]
+        data = kh.delegate.read_bytes()
+        offsets = [o for o in kh.offsets if o][:3]
+        out[name] = (data[: offsets[2]], offsets[:2], kh.key_groups.start)
+    return out
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.data())
+def test_bit_flips_decode_or_fail_with_a_flink_state_error(
+    damaged_inputs: dict[str, tuple[bytes, list[int], int]], data: st.DataObject
+) -> None:
+    from state_engine.flink.keyed_state import canonical_entries, heap_entries
+
+    kind = data.draw(st.sampled_from(sorted(damaged_inputs)))
+    raw, offsets, first = damaged_inputs[kind]
+    at = data.draw(st.integers(offsets[0], len(raw) - 1))
+    bit = data.draw(st.integers(0, 7))
+    flipped = raw[:at] + bytes([raw[at] ^ (1 << bit)]) + raw[at + 1 :]
+    try:
+        if kind == "canonical":
+            list(canonical_entries(flipped, offsets, 128, "damaged"))
+        else:
+            list(heap_entries(flipped, offsets[:1], first, "damaged"))
+    except FlinkStateError as exc:
+        assert "damaged" in str(exc)

@@ -91,6 +91,14 @@ def raw_records(
                     if start <= kg <= end:
                         yield name, key, it.value()
                     it.next()
+                try:
+                    # an iterator stops at the first error (a corrupt block, a missing merge
+                    # operator) as if the data ended: only status() tells the two apart
+                    it.status()
+                except Exception as exc:
+                    raise FlinkStateError(
+                        f"{where}: RocksDB stopped reading column family {name!r}: {exc}"
+                    ) from None
                 del cf, it
         finally:
             db.close()

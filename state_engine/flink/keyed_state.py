@@ -22,6 +22,7 @@ not in the snapshot); for a TTL list the latest element timestamp, for a TTL map
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from state_engine.flink.serializers import (
     TtlValue,
     read_serializer_snapshot,
 )
+from state_engine.flink.snappy import read_framed
 
 if TYPE_CHECKING:
     from state_engine.flink.metadata import FlinkSnapshotMetadata, KeyedStateHandle, OperatorState
@@ -288,9 +290,13 @@ def read_delimited_list(value: bytes, element: FlinkSerializer, where: str) -> l
 
 
 def canonical_records(
-    data: bytes, offsets: list[int], where: str
+    data: bytes, offsets: list[int], where: str, compressed: bool = False
 ) -> Iterator[tuple[int, bytes, bytes]]:
-    """``(state id, key, value)`` of every non-empty key group (offset 0 = no data)."""
+    """``(state id, key, value)`` of every non-empty key group (offset 0 = no data).
+
+    ``compressed``: each key group is its own snappy framed stream, up to the next key group.
+    """
+    starts = sorted(o for o in offsets if o)
     for off in offsets:
         if off == 0:
             continue
@@ -299,7 +305,13 @@ def canonical_records(
                 f"{where}: key-group offset {off} is past the end of the {len(data)}-byte file "
                 "(the file is truncated; re-copy the snapshot)"
             )
-        buf = Buf(data, off, where=where)
+        if compressed:
+            i = bisect.bisect_right(starts, off)
+            end = starts[i] if i < len(starts) else len(data)
+            plain, _ = read_framed(data, off, end, where)
+            buf = Buf(plain, 0, where=f"{where} key group at byte {off} (decompressed)")
+        else:
+            buf = Buf(data, off, where=where)
         state_id = buf.i16()
         while True:
             key = buf.take(buf.i32())
@@ -319,23 +331,13 @@ def canonical_entries(
     data: bytes, offsets: list[int], max_parallelism: int, where: str
 ) -> Iterator[Entry]:
     header = read_proxy_header(data, where)
-    _no_compression(header, where)
     decoder = StateDecoder(header, max_parallelism, where)
     states = header.states
-    for state_id, key, value in canonical_records(data, offsets, where):
+    for state_id, key, value in canonical_records(data, offsets, where, header.compression):
         state = states[state_id] if 0 <= state_id < len(states) else header.state(state_id, where)
         if state.is_timers:
             continue
         yield decoder.decode(state, key, value)
-
-
-def _no_compression(header: ProxyHeader, where: str) -> None:
-    if header.compression:
-        raise FlinkStateError(
-            f"{where}: the snapshot was written with execution.checkpointing.snapshot-compression "
-            "(snappy); this reader does not decompress yet: read it with --raw or take a "
-            "savepoint without compression"
-        )
 
 
 # --- heap (hashmap) snapshots ---
@@ -344,39 +346,52 @@ def _no_compression(header: ProxyHeader, where: str) -> None:
 def heap_entries(
     data: bytes, offsets: list[int], start_key_group: int, where: str
 ) -> Iterator[Entry]:
-    """Every entry of a hashmap checkpoint / native savepoint file (one per subtask)."""
+    """Every entry of a hashmap checkpoint / native savepoint file (one per subtask).
+
+    With compression each state section of a key group is its own snappy framed stream (the key
+    group id before them is not compressed).
+    """
     header = read_proxy_header(data, where)
-    _no_compression(header, where)
-    key_ser = header.key_serializer
     for i, off in enumerate(offsets):
         buf = Buf(data, off, where=where)
         kg = buf.i32()
         if kg != start_key_group + i:
             raise buf.fail(f"key group {start_key_group + i} at its offset, found {kg}", off)
+        end = offsets[i + 1] if i + 1 < len(offsets) else len(data)
         for _ in range(len(header.states)):
-            state = header.state(buf.i16(), where)
-            n = buf.i32()
-            if state.is_timers:
-                ser = state.value_serializer
-                for _ in range(n):
-                    ser.read(buf)
-                continue
-            ns_ser = state.namespace_serializer
-            ser = state.value_serializer
-            for _ in range(n):
-                ns = ns_ser.read(buf) if ns_ser is not None else None
-                key = key_ser.read(buf)
-                value = ser.read(buf)
-                if state.kind == "MAP" and isinstance(value, dict):
-                    for uk, uv in value.items():
-                        user, ts = _unwrap_ttl(uv)
-                        yield Entry(kg, state.name, key, ns, uk, user, ts)
-                elif state.kind == "LIST" and isinstance(value, list):
-                    values, ts = _unwrap_list(value)
-                    yield Entry(kg, state.name, key, ns, None, values, ts)
-                else:
-                    user, ts = _unwrap_ttl(value)
-                    yield Entry(kg, state.name, key, ns, None, user, ts)
+            if header.compression:
+                plain, buf.pos = read_framed(data, buf.pos, end, where)
+                section = Buf(plain, 0, where=f"{where} key group {kg} (decompressed)")
+                yield from _heap_section(header, section, kg, where)
+            else:
+                yield from _heap_section(header, buf, kg, where)
+
+
+def _heap_section(header: ProxyHeader, buf: Buf, kg: int, where: str) -> Iterator[Entry]:
+    key_ser = header.key_serializer
+    state = header.state(buf.i16(), where)
+    n = buf.i32()
+    if state.is_timers:
+        ser = state.value_serializer
+        for _ in range(n):
+            ser.read(buf)
+        return
+    ns_ser = state.namespace_serializer
+    ser = state.value_serializer
+    for _ in range(n):
+        ns = ns_ser.read(buf) if ns_ser is not None else None
+        key = key_ser.read(buf)
+        value = ser.read(buf)
+        if state.kind == "MAP" and isinstance(value, dict):
+            for uk, uv in value.items():
+                user, ts = _unwrap_ttl(uv)
+                yield Entry(kg, state.name, key, ns, uk, user, ts)
+        elif state.kind == "LIST" and isinstance(value, list):
+            values, ts = _unwrap_list(value)
+            yield Entry(kg, state.name, key, ns, None, values, ts)
+        else:
+            user, ts = _unwrap_ttl(value)
+            yield Entry(kg, state.name, key, ns, None, user, ts)
 
 
 # --- rows ---
@@ -498,10 +513,12 @@ def snapshot_raw_rows(
                 where = f"{meta.metadata_path} operator {operator_label(op)} subtask {st.index}"
                 if kh.type == md.SAVEPOINT_KEY_GROUPS and kh.delegate is not None:
                     data = kh.delegate.read_bytes()
-                    names = _names_if_readable(data, where)
+                    names, compressed = _names_if_readable(data, where)
                     records = (
                         (names.get(sid, f"#{sid}"), k, v)
-                        for sid, k, v in canonical_records(data, list(kh.offsets), where)
+                        for sid, k, v in canonical_records(
+                            data, list(kh.offsets), where, compressed
+                        )
                     )
                 elif kh.type == md.INCREMENTAL:
                     from state_engine.flink.rocksdb_state import raw_records
@@ -527,11 +544,14 @@ def snapshot_raw_rows(
                     }
 
 
-def _names_if_readable(data: bytes, where: str) -> dict[int, str]:
+def _names_if_readable(data: bytes, where: str) -> tuple[dict[int, str], bool]:
+    """State names by id and the compression flag; ({}, flag byte) when the header is unreadable."""
     try:
-        return {s.state_id: s.name for s in read_proxy_header(data, where).states}
+        header = read_proxy_header(data, where)
     except FlinkStateError:
-        return {}
+        # the flag is byte 4, right after the version, whatever follows
+        return {}, len(data) > 4 and data[4] == 1
+    return {s.state_id: s.name for s in header.states}, header.compression
 
 
 def snapshot_rows(

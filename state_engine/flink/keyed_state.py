@@ -524,11 +524,15 @@ def snapshot_raw_rows(
                     from state_engine.flink.rocksdb_state import raw_records
 
                     records = raw_records(kh, op.max_parallelism, where)
+                elif kh.type == md.KEY_GROUPS and kh.delegate is not None:
+                    # a heap snapshot has no record boundaries without its serializers: one row
+                    # per key group holding the key group's bytes
+                    yield from _raw_key_groups(kh, operator_label(op))
+                    continue
                 else:
                     raise FlinkStateError(
-                        f"{where}: --raw reads canonical savepoints and RocksDB snapshots; a "
-                        f"{kh.type} handle (hashmap snapshot) has no record boundaries without "
-                        "its serializers"
+                        f"{where}: --raw reads canonical, heap and RocksDB snapshots, not a "
+                        f"{kh.type} handle"
                     )
                 for name, k, v in records:
                     kg = k[0] if prefix == 1 else (k[0] << 8) | k[1]
@@ -542,6 +546,24 @@ def snapshot_raw_rows(
                         "value": b64(v).decode("ascii"),
                         "expires_at": None,
                     }
+
+
+def _raw_key_groups(kh: KeyedStateHandle, operator: str) -> Iterator[dict[str, Any]]:
+    assert kh.delegate is not None
+    data = kh.delegate.read_bytes()
+    offsets = list(kh.offsets)
+    for i, off in enumerate(offsets):
+        end = offsets[i + 1] if i + 1 < len(offsets) else len(data)
+        yield {
+            "operator": operator,
+            "key_group": kh.key_groups.start + i,
+            "state": "(key group)",
+            "key": None,
+            "namespace": None,
+            "user_key": None,
+            "value": base64.b64encode(data[off:end]).decode("ascii"),
+            "expires_at": None,
+        }
 
 
 def _names_if_readable(data: bytes, where: str) -> tuple[dict[int, str], bool]:

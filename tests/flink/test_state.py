@@ -240,6 +240,17 @@ def _offsets(meta: FlinkSnapshotMetadata, handle: Any) -> tuple[int, ...]:
     raise AssertionError("handle not found")
 
 
+def test_raw_heap_rows_are_whole_key_groups(flink_fixtures: Any) -> None:
+    meta, _ = _java_meta(flink_fixtures, "hashmap", "chk-8")
+    raw = list(snapshot_raw_rows(meta))
+    assert [r["key_group"] for r in raw] == list(range(128))
+    (h0,) = meta.operator("agg").subtasks[0].keyed_handles
+    data = h0.delegate.read_bytes()
+    first = base64.b64decode(raw[0]["value"])
+    assert data[h0.offsets[0] : h0.offsets[1]] == first
+    assert struct.unpack(">i", first[:4])[0] == 0  # a heap key group starts with its id
+
+
 def test_raw_rocksdb_rows_name_column_families(flink_fixtures: Any) -> None:
     meta, _ = _java_meta(flink_fixtures, "rocksdb", "chk-10")
     raw = list(snapshot_raw_rows(meta, "agg"))

@@ -89,6 +89,33 @@ def _under(url: str, roots: list[str]) -> bool:
     return any(url.startswith(r.rstrip("/") + "/") for r in roots)
 
 
+def disk_checkpoints(catalog: Catalog, job: str) -> dict[str, dict[str, int]]:
+    """Every ``chk-N`` with a ``_metadata`` under the job's checkpoint directories, read now:
+    its location URL -> the files it references (URL -> size), ``_metadata`` included."""
+    out: dict[str, dict[str, int]] = {}
+    for root_url in checkpoint_dirs(catalog, job):
+        fs, root = fsspec.core.url_to_fs(root_url)
+        root = root.rstrip("/")
+        for path in sorted(fs.glob(f"{root}/chk-*/{METADATA_FILE_NAME}")):
+            out[fs.unstrip_protocol(posixpath.dirname(path))] = _refs_of(fs, path, root)
+    return out
+
+
+def _refs_of(fs: Any, path: str, root: str, files: set[str] | None = None) -> dict[str, int]:
+    def exists(loc: str) -> bool:
+        stripped = fs._strip_protocol(loc)
+        return stripped in files if files is not None else bool(fs.exists(stripped))
+
+    try:
+        meta = metadata_from_bytes(bytes(fs.cat_file(path)), path, job_dir=root, exists=exists)
+    except FlinkMetadataError as exc:
+        raise FlinkMetadataError(
+            f"{exc}; nothing was deleted (a checkpoint that cannot be read might reference any "
+            "file)"
+        ) from None
+    return {r.path: r.size for r in file_refs(meta, fs)}
+
+
 # --- expire ---
 
 
@@ -97,6 +124,7 @@ class ExpirePlan:
     expired: list[Any] = field(default_factory=list)  # SnapshotRecords to discard
     files: dict[str, int] = field(default_factory=dict)  # URL -> size, inside the job's dirs
     foreign: list[str] = field(default_factory=list)  # released, outside: reported, kept
+    dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
 
 
 def _expire_plan(
@@ -129,14 +157,25 @@ def _expire_plan(
     live: set[str] = set()
     for s in retained:
         live.update(f.path for f in catalog.snapshot_files(s.id))
+    dead = {s.location for s in plan.expired}
+    dead |= {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    on_disk = disk_checkpoints(catalog, job)
+    for location, refs in on_disk.items():
+        if location not in dead:
+            live.update(refs)  # a checkpoint Flink wrote since the last import pins its files
     candidates: dict[str, int] = {}
     for s in plan.expired:
         for f in catalog.snapshot_files(s.id):
-            if f.path not in live:
-                candidates[f.path] = f.size
-    # Files an earlier, interrupted expire released but did not delete yet.
+            candidates[f.path] = f.size
+    # What an earlier, interrupted expire released (or forgot) but did not delete yet.
     for f in catalog.releasable_files(job):
         candidates.setdefault(f.path, f.size)
+    for location, refs in on_disk.items():
+        if location in dead:
+            for url, size in refs.items():
+                candidates.setdefault(url, size)
+    candidates = {u: n for u, n in candidates.items() if u not in live}
+    plan.dead_dirs = sorted(d for d in dead if _under(d, dirs))
     for url, size in sorted(candidates.items()):
         if _under(url, dirs):
             plan.files[url] = size
@@ -182,7 +221,7 @@ def expire_body(
         crash_point("flink.expire.after_discard")
         done = forget_and_delete(catalog, lease, plan.files, threads=threads)
         removed = remove_empty_dirs(
-            [posixpath.dirname(u) for u in done.paths] + [s.location for s in plan.expired],
+            [posixpath.dirname(u) for u in done.paths] + plan.dead_dirs,
             dirs,
             keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
         )
@@ -224,6 +263,8 @@ class OrphanPlan:
 def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) -> OrphanPlan:
     plan = OrphanPlan()
     own = [p for p, _ in catalog.job_directories(job)]
+    # an expired checkpoint whose _metadata survived a crash pins nothing
+    dead = {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
     referenced: set[str] = set(catalog.live_paths(job))
     listed: dict[str, tuple[int, float]] = {}
     for root_url in dirs:
@@ -249,19 +290,9 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 continue
             if not CHK_DIR.match(posixpath.basename(parent)):
                 continue
-            try:
-                meta = metadata_from_bytes(
-                    bytes(fs.cat_file(path)),
-                    path,
-                    job_dir=root,
-                    exists=lambda loc, fs=fs, files=files: fs._strip_protocol(loc) in files,
-                )
-            except FlinkMetadataError as exc:
-                raise FlinkMetadataError(
-                    f"{exc}; orphan cleanup stopped before deleting anything (a checkpoint it "
-                    "cannot read might reference any file)"
-                ) from None
-            referenced.update(r.path for r in file_refs(meta, fs))
+            if fs.unstrip_protocol(parent) in dead:
+                continue
+            referenced.update(_refs_of(fs, path, root, files))
         chk_dirs = {posixpath.dirname(p) for p in files if CHK_DIR.match(_head(p, root))}
         for d in sorted(chk_dirs):
             if posixpath.dirname(d) == root and f"{d}/{METADATA_FILE_NAME}" not in files:
@@ -278,6 +309,22 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
         else:
             plan.orphans[url] = size
     return plan
+
+
+def _empty_chk_dirs(dirs: list[str], cutoff: datetime) -> list[str]:
+    """Empty ``chk-N`` directories last modified before the cut-off (an earlier run emptied
+    them; a newer empty one may be a checkpoint Flink just started)."""
+    out = []
+    limit = cutoff.timestamp()
+    for root_url in dirs:
+        fs, root = fsspec.core.url_to_fs(root_url)
+        for info in fs.ls(root.rstrip("/"), detail=True):
+            name = posixpath.basename(info["name"].rstrip("/"))
+            if info.get("type") != "directory" or not CHK_DIR.match(name):
+                continue
+            if _mtime(info) < limit and not fs.ls(info["name"], detail=False):
+                out.append(fs.unstrip_protocol(info["name"]))
+    return out
 
 
 def _head(path: str, root: str) -> str:
@@ -329,7 +376,7 @@ def orphan_body(
         crash_point("flink.orphan_cleanup.after_delete")
         deleted = sorted(set(done.paths) | gone)
         removed = remove_empty_dirs(
-            [posixpath.dirname(u) for u in deleted],
+            [posixpath.dirname(u) for u in deleted] + _empty_chk_dirs(dirs, cutoff),
             dirs,
             keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
         )

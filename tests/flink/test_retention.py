@@ -244,3 +244,17 @@ def test_cli_maintain_on_a_flink_job_prints_deleted_items(
     assert not orphan.exists()
     assert cli.main(["maintain", "expire", "--job", "cli", "--retain-last", "0"]) == 1
     assert "keep at least 1" in capsys.readouterr().err
+
+
+def test_empty_checkpoint_dirs_go_only_past_the_cut_off(
+    catalog: Catalog, flink_fixtures: FlinkFixtures, flink_copy: Callable[[Path], Path]
+) -> None:
+    job_dir = flink_copy(flink_fixtures.java_job("hashmap"))
+    import_flink(catalog, [str(job_dir)], "hm")
+    old_empty, new_empty = job_dir / "chk-20", job_dir / "chk-21"
+    old_empty.mkdir()
+    new_empty.mkdir()
+    os.utime(old_empty, (OLD, OLD))
+    report = run_maintenance(catalog, "orphan_cleanup", job="hm", older_than="1d")
+    assert report["stats"]["dirs_removed"] == 1
+    assert not old_empty.exists() and new_empty.exists()

@@ -156,3 +156,32 @@ def test_flink_savepoint_operator_reports_an_unreachable_cluster(
     assert rest.base == "http://127.0.0.1:9"
     with pytest.raises(AirflowException, match="unreachable"):
         op.trigger(rest)
+
+
+def test_plugin_pages_show_an_imported_flink_job(
+    flink_env: dict[str, Path], make_token: Callable[..., str]
+) -> None:
+    from fastapi.testclient import TestClient
+    from statekeeper_airflow.app import create_app
+    from statekeeper_airflow.catalog_access import CatalogHolder
+
+    from state_engine.flink.import_job import import_flink
+
+    url = os.environ["STATEKEEPER_CATALOG_URL"]
+    with catalog() as cat:
+        import_flink(cat, [str(flink_env["job_dir"]), str(flink_env["savepoints"])], "payments")
+        chk11 = next(s for s in cat.list_snapshots("payments") if s.checkpoint_id == 11)
+    auth = {"Authorization": f"Bearer {make_token()}"}
+    with TestClient(create_app(CatalogHolder(lambda: Catalog.open(url)))) as client:
+        history = client.get("/api/jobs/payments/size-history", headers=auth).json()
+        points = [(p["checkpoint_id"], p["operator"]) for p in history["items"]]
+        assert (11, "agg") in points and (5, "agg") in points
+        agg11 = next(
+            p for p in history["items"] if (p["checkpoint_id"], p["operator"]) == (11, "agg")
+        )
+        assert agg11["bytes"] == 727_011  # the two keyed-state files of chk-11 (README)
+        job_page = client.get("/jobs/payments", headers=auth)
+        assert job_page.status_code == 200 and "payments" in job_page.text
+        page = client.get(f"/snapshots/{chk11.id}", headers=auth)
+        assert page.status_code == 200
+        assert "Operator agg" in page.text and "128 recorded" in page.text

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.errors import FlinkStateError, UnsupportedFlinkSerializer
 from state_engine.flink.serializers import (
+    _I32_FROM,
+    _I64_FROM,
     Buf,
     FlinkSerializer,
     ListSerializer,
@@ -182,6 +184,7 @@ class StateDecoder:
         self.where = where
         self.prefix = 1 if max_parallelism <= 128 else 2
         self.key_ser = header.key_serializer
+        self._string_void = getattr(self.key_ser, "kind", "") == "string"
         # per state: what decode() needs, computed once (decode runs once per record)
         self._plans: dict[str, tuple[Any, ...]] = {}
 
@@ -208,6 +211,17 @@ class StateDecoder:
             self._plans[state.name] = plan
         return plan
 
+    def _fast_key(self, key: bytes) -> tuple[Any, int] | None:
+        """An ASCII String key of < 127 chars followed by VoidNamespace: (key, end), no Buf."""
+        p = self.prefix
+        n = key[p] - 1 if len(key) > p else -1
+        if n < 0 or n >= 0x7F or len(key) < p + 2 + n or key[p + 1 + n] != 0:
+            return None
+        text = key[p + 1 : p + 1 + n]
+        if not text.isascii():
+            return None
+        return text.decode("ascii"), p + 2 + n
+
     def key_parts(self, state: StateInfo, key: bytes) -> tuple[int, Any, Any, bytes, Buf]:
         """Key group, key, namespace, the key's own bytes, and a cursor at the user key."""
         where_key, _, ns_ser, ambiguous, _, _ = self._plan(state)
@@ -230,8 +244,26 @@ class StateDecoder:
         return kg, k, ns, key[p:key_end], buf
 
     def decode(self, state: StateInfo, key: bytes, value: bytes) -> Entry:
-        _, where, _, _, mode, ser = self._plan(state)
-        kg, k, ns, _key_bytes, buf = self.key_parts(state, key)
+        _, where, ns_ser, _, mode, ser = self._plan(state)
+        fast = (
+            self._fast_key(key)
+            if self._string_void and ns_ser is not None and ns_ser.length == 0
+            else None
+        )
+        if fast is not None:
+            k, end = fast
+            kg = key[0] if self.prefix == 1 else (key[0] << 8) | key[1]
+            if (
+                mode == 0
+                and end == len(key)
+                and len(value) == 8
+                and getattr(ser, "kind", "") == "long"  # the common Long value
+            ):
+                return Entry(kg, state.name, k, None, None, _I64_FROM(value, 0)[0], None)
+            ns = None
+            buf = Buf(key, end, where=where)
+        else:
+            kg, k, ns, _key_bytes, buf = self.key_parts(state, key)
         if mode == 1:
             user_key = ser.key.read(buf)
             vb = Buf(value, 0, where=where)
@@ -313,13 +345,31 @@ def canonical_records(
         else:
             buf = Buf(data, off, where=where)
         state_id = buf.i16()
+        raw, pos, end = buf.data, buf.pos, buf.end
         while True:
-            key = buf.take(buf.i32())
-            value = buf.take(buf.i32())
+            # inlined Buf.i32/take: this loop runs once per record
+            if pos + 4 > end:
+                buf.pos = pos
+                buf.i32()  # raises the truncation error with the offset
+            (n,) = _I32_FROM(raw, pos)
+            if n < 0 or pos + 4 + n + 4 > end:
+                buf.pos = pos
+                buf.take(buf.i32())
+                buf.i32()
+            key = raw[pos + 4 : pos + 4 + n]
+            pos += 4 + n
+            (n,) = _I32_FROM(raw, pos)
+            if n < 0 or pos + 4 + n > end:
+                buf.pos = pos
+                buf.take(buf.i32())
+            value = raw[pos + 4 : pos + 4 + n]
+            pos += 4 + n
+            buf.pos = pos
             if key and key[0] & META_DATA_FOLLOWS_FLAG:
                 key = bytes([key[0] & ~META_DATA_FOLLOWS_FLAG & 0xFF]) + key[1:]
                 yield state_id, key, value
                 mark = buf.u16()
+                pos = buf.pos
                 if mark == END_OF_KEY_GROUP_MARK:
                     break
                 state_id = mark

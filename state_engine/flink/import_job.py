@@ -460,6 +460,20 @@ def import_flink(
                     }
                 )
             continue
+        missing = sorted(h.location or h.name for h in meta.files().values() if not h.exists)
+        if missing and prior is None:
+            # Not restorable as it is: reported, not imported (a later sync imports it once the
+            # files are back).
+            report.skipped.append(
+                {
+                    "checkpoint_id": meta.checkpoint_id,
+                    "location": location,
+                    "reason": f"{len(missing)} file(s) its _metadata references are missing "
+                    f"(e.g. {missing[0]}); not imported",
+                    "missing": missing,
+                }
+            )
+            continue
         refs = file_refs(meta, listing.fs)
         stats = key_group_stats(meta)
         parallelism, snap_max_p = _catalog_parallelism(meta)

@@ -254,3 +254,22 @@ def test_a_conversion_killed_after_its_metadata_recovers_on_retry(
     # the killed attempt's directory is gone (or is the retry's own, reused)
     if pending.location != out.location:
         assert not Path(pending.location.removeprefix("file://")).exists()
+
+
+def test_conversion_on_both_catalog_databases(
+    catalog: Catalog, flink_fixtures: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STATEKEEPER_HOME", str(tmp_path / "home"))
+    source = flink_fixtures.java_savepoints("hashmap") / "savepoint-24b66e-d8d099a6f7d1"
+    sid = _register(catalog, "fraud", source, 5, "SAVEPOINT")
+    report = convert.run(catalog, sid, savepoint_dir=(tmp_path / "sp").as_uri())
+    out = catalog.get_snapshot(report["output_snapshot_id"])
+    assert (out.status, out.format, out.entries) == ("COMPLETED", "CANONICAL", report["rows_out"])
+    stats = catalog.key_group_stats(out.id)
+    assert len(stats) == 128 and sum(s.rows for s in stats) == report["rows_out"]
+    (skew,) = catalog.key_group_skew(out.id)
+    assert skew.operator == "agg" and skew.total_rows == report["rows_out"]
+    expected = (flink_fixtures.java / "expected/hashmap/savepoint-canonical-5.jsonl").read_text()
+    keys = {json.loads(line)["key"] for line in expected.splitlines()}
+    state = _restored_state(catalog, tmp_path / "root", out.id, 5, 1_795_485_307_258)
+    assert set(state) == keys

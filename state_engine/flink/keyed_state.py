@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import bisect
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ LIST_DELIMITER = 0x2C  # ',' of RocksDB's StringAppendTESTOperator / ListDelimit
 
 #: ``StateMetaInfoSnapshot.BackendStateType`` as written: the enum *ordinal*
 BACKEND_STATE_TYPES = ("KEY_VALUE", "OPERATOR", "BROADCAST", "PRIORITY_QUEUE", "KEY_VALUE_V2")
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 COLUMNS = ("operator", "key_group", "state", "key", "namespace", "user_key", "value", "expires_at")
 
@@ -454,7 +457,7 @@ def as_text(value: Any) -> str | None:
     if isinstance(value, tuple) and len(value) == 1:
         value = value[0]
     if isinstance(value, str):
-        return value
+        return _printable(value)
     if isinstance(value, bool):
         return json.dumps(value)
     if isinstance(value, int):
@@ -464,7 +467,16 @@ def as_text(value: Any) -> str | None:
 
 def as_json(value: Any) -> str:
     """The JSON text of a decoded value (bytes as base64 strings)."""
-    return json.dumps(value, default=_json_default, ensure_ascii=False, separators=(", ", ": "))
+    text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(", ", ": "))
+    return _printable(text)
+
+
+def _printable(text: str) -> str:
+    # Java strings may hold lone UTF-16 surrogates, which no UTF-8 output can print: shown as
+    # U+FFFD (display only; a conversion refuses them with the str serializer's error)
+    if _SURROGATE.search(text) is None:
+        return text
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _json_default(value: Any) -> Any:

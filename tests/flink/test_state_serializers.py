@@ -128,3 +128,12 @@ def test_primitive_arrays_and_unknown_classes() -> None:
         read_serializer_snapshot(
             Buf(_snapshot("org.apache.flink.formats.avro.typeutils.AvroSerializerSnapshot"))
         )
+
+
+def test_lone_surrogates_decode_and_print_as_replacement_characters() -> None:
+    from state_engine.flink.keyed_state import as_json, as_text
+
+    lone = Buf(bytes([3]) + _varint(0xD800) + b"x").string_value()
+    assert lone == "\ud800x"
+    assert as_text(lone) == "\ufffdx" and as_json([lone]) == '["\ufffdx"]'
+    assert as_text("🍕") == "🍕"  # a surrogate *pair* is a real character

@@ -526,3 +526,22 @@ def parse_ttl(items: list[str] | None) -> dict[str, int]:
             )
         out[name.strip()] = value
     return out
+
+
+def latest_flink_snapshot(catalog: Any, job: str) -> int | None:
+    """The newest COMPLETED snapshot of ``job`` written by Flink (not a converted one).
+
+    None when ``job`` is not a Flink job; an error when it is one without a Flink snapshot.
+    """
+    from state_engine.flink.keyed_state import catalog_flink_metadata
+
+    record = catalog.get_job(job)
+    if getattr(record, "origin", "statekeeper") != "flink":
+        return None
+    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+        if catalog_flink_metadata(catalog, snap.id) is not None:
+            return int(snap.id)
+    raise FlinkConversionError(
+        f"Flink job {job!r} has no COMPLETED Flink snapshot to convert; import its directories "
+        "with statectl flink import"
+    )

@@ -277,7 +277,7 @@ def cmd_state_show(args: argparse.Namespace) -> int:
 
 def _flink_savepoint(args: argparse.Namespace) -> dict[str, Any] | None:
     """A snapshot of a Flink job converts in-process (no Spark); None for any other snapshot."""
-    if getattr(args, "snapshot", None) is None:
+    if getattr(args, "snapshot", None) is None and getattr(args, "job", None) is None:
         return None
     from state_engine.catalog import Catalog
     from state_engine.flink import convert
@@ -286,11 +286,16 @@ def _flink_savepoint(args: argparse.Namespace) -> dict[str, Any] | None:
 
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:
-        if catalog_flink_metadata(catalog, args.snapshot) is None:
+        snapshot = args.snapshot
+        if snapshot is None:  # --job NAME: its latest Flink snapshot, if it is a Flink job
+            snapshot = convert.latest_flink_snapshot(catalog, args.job)
+            if snapshot is None:
+                return None
+        elif catalog_flink_metadata(catalog, snapshot) is None:
             return None
         return convert.run(
             catalog,
-            args.snapshot,
+            snapshot,
             savepoint_dir=args.savepoint_dir,
             ttl=convert.parse_ttl(args.ttl),
             pyflink_types=PyFlinkTypes.parse(args.pyflink_types),

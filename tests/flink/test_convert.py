@@ -265,6 +265,9 @@ def test_conversion_on_both_catalog_databases(
     report = convert.run(catalog, sid, savepoint_dir=(tmp_path / "sp").as_uri())
     out = catalog.get_snapshot(report["output_snapshot_id"])
     assert (out.status, out.format, out.entries) == ("COMPLETED", "CANONICAL", report["rows_out"])
+    # the newest snapshot is now the converted one; --job converts the newest *Flink* snapshot
+    assert catalog.list_snapshots("fraud")[0].id == out.id
+    assert convert.latest_flink_snapshot(catalog, "fraud") == sid
     stats = catalog.key_group_stats(out.id)
     assert len(stats) == 128 and sum(s.rows for s in stats) == report["rows_out"]
     (skew,) = catalog.key_group_skew(out.id)

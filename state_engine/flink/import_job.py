@@ -375,7 +375,10 @@ def import_flink(
     ckpt_dirs = [lst.root for lst in listings if lst.role == ROLE_CHECKPOINTS]
     for listing in listings:
         for mpath in listing.metadata_files():
-            data = listing.fs.cat_file(mpath)
+            try:
+                data = listing.fs.cat_file(mpath)
+            except FileNotFoundError:
+                continue  # subsumed by a running job since the listing: no longer a snapshot
             job_dir = (
                 listing.root
                 if listing.role == ROLE_CHECKPOINTS

@@ -309,9 +309,9 @@ class FlinkSnapshotMetadata:
     * ``version``: the metadata format version (3-6); ``metadata_size``: bytes of ``_metadata``.
     * ``checkpoint_id``; ``kind``: ``"checkpoint"`` or ``"savepoint"``; ``format``:
       ``"canonical"`` or ``"native"`` (checkpoints are native); ``snapshot_type``: Flink's type
-      name (``"Checkpoint"``, ``"Full Checkpoint"``, ``"Savepoint"``, ...); ``sharing``: the checkpoint's
-      ``sharingFilesStrategy`` ("" for savepoints); ``properties``: the whole decoded
-      ``CheckpointProperties`` (``None`` before version 4).
+      name (``"Checkpoint"``, ``"Full Checkpoint"``, ``"Savepoint"``, ...); ``sharing``: the
+      checkpoint's ``sharingFilesStrategy`` ("" for savepoints); ``properties``: the whole
+      decoded ``CheckpointProperties`` (``None`` before version 4).
     * ``operators``: every operator, in file order.
     """
 

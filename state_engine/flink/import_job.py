@@ -71,9 +71,20 @@ class Listing:
     role: str
     files: dict[str, int]
     mtimes: dict[str, float] = field(default_factory=dict)
+    _outside: dict[str, bool] = field(default_factory=dict)
 
     def to_url(self, path: str) -> str:
         return self.fs.unstrip_protocol(path)
+
+    def exists(self, location: str) -> bool:
+        """Whether ``location`` exists: from the listing under the root, asked elsewhere (a
+        NO_CLAIM restore's ancestor files live outside the job's directory)."""
+        path = self.fs._strip_protocol(location)
+        if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
+            return path in self.files
+        if path not in self._outside:
+            self._outside[path] = bool(self.fs.exists(path))
+        return self._outside[path]
 
     @property
     def root_url(self) -> str:
@@ -384,11 +395,7 @@ def import_flink(
                 if listing.role == ROLE_CHECKPOINTS
                 else (ckpt_dirs[0] if ckpt_dirs else None)
             )
-            files = listing.files
-            strip = listing.fs._strip_protocol
-
-            def exists(loc: str, files: dict[str, int] = files, strip: Any = strip) -> bool:
-                return strip(loc) in files
+            exists = listing.exists
 
             try:
                 meta = metadata_from_bytes(bytes(data), mpath, job_dir=job_dir, exists=exists)

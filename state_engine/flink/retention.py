@@ -104,7 +104,9 @@ def disk_checkpoints(catalog: Catalog, job: str) -> dict[str, dict[str, int]]:
 def _refs_of(fs: Any, path: str, root: str, files: set[str] | None = None) -> dict[str, int]:
     def exists(loc: str) -> bool:
         stripped = fs._strip_protocol(loc)
-        return stripped in files if files is not None else bool(fs.exists(stripped))
+        if files is not None and stripped.startswith(root + "/"):
+            return stripped in files
+        return bool(fs.exists(stripped))  # outside the listing (a NO_CLAIM ancestor's file)
 
     try:
         meta = metadata_from_bytes(bytes(fs.cat_file(path)), path, job_dir=root, exists=exists)

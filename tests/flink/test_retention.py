@@ -204,7 +204,10 @@ def test_no_claim_ancestor_files_are_reported_never_deleted(
     catalog: Catalog, no_claim_ancestor: tuple[Path, Path]
 ) -> None:
     ancestor, child = no_claim_ancestor
-    import_flink(catalog, [str(child)], "child")
+    imported = import_flink(catalog, [str(child)], "child")
+    assert len(imported.added) == 3 and not imported.skipped
+    with_foreign = catalog.snapshot_files(imported.added[-1]["snapshot_id"])
+    assert {(f.details or {}).get("kind") for f in with_foreign} == {"foreign", "exclusive"}
     ancestor_files = _files(ancestor)
     for f in ancestor_files:
         os.utime(f, (OLD, OLD))

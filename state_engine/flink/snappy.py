@@ -85,15 +85,20 @@ def decompress_block(data: bytes, where: str = "snappy block") -> bytes:
     return bytes(out)
 
 
-def read_framed(data: bytes, pos: int, end: int, where: str) -> tuple[bytes, int]:
+def read_framed(
+    data: bytes, pos: int, end: int, where: str, *, identifier: bool = True
+) -> tuple[bytes, int]:
     """One framed stream starting at ``pos``: its uncompressed bytes and where it stopped.
 
     The stream runs until ``end`` or the next stream identifier chunk (the next wrapped piece).
+    ``identifier=False`` starts at a chunk boundary inside a stream (operator state offsets:
+    Flink flushes a chunk at each list element).
     """
     end = min(end, len(data))
-    if data[pos : pos + len(STREAM_IDENTIFIER)] != STREAM_IDENTIFIER:
-        raise _fail(where, pos, "the snappy stream identifier chunk (ff 06 00 00 sNaPpY)")
-    pos += len(STREAM_IDENTIFIER)
+    if identifier:
+        if data[pos : pos + len(STREAM_IDENTIFIER)] != STREAM_IDENTIFIER:
+            raise _fail(where, pos, "the snappy stream identifier chunk (ff 06 00 00 sNaPpY)")
+        pos += len(STREAM_IDENTIFIER)
     out = bytearray()
     while pos < end:
         kind = data[pos]

@@ -7,7 +7,10 @@ stream by an independent compressor, then decoded and compared with the original
 
 from __future__ import annotations
 
+import collections
+import json
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +23,10 @@ from state_engine.flink.keyed_state import (
     canonical_entries,
     heap_entries,
     read_proxy_header,
+    snapshot_rows,
 )
 from state_engine.flink.metadata import read_metadata
+from state_engine.flink.pyflink import PyFlinkTypes
 from state_engine.flink.serializers import Buf
 from state_engine.flink.snappy import STREAM_IDENTIFIER, decompress_block, read_framed
 
@@ -147,3 +152,57 @@ def test_compressed_heap_snapshot_decodes_like_the_original(flink_fixtures: Any)
     truncated = bytes(out[: new_offsets[1] - 3])
     with pytest.raises(FlinkStateError):
         list(heap_entries(truncated, new_offsets[:2], start_kg, "snappy"))
+
+
+# Written by a real Flink 2.3.0 (apache-flink==2.3.0, hashmap backend, snapshot compression on)
+# running data/pyflink-snappy/job.py: a canonical and a native savepoint, 128 KB in all.
+REAL = Path(__file__).parent / "data" / "pyflink-snappy"
+
+
+def _positions(meta: Any) -> dict[str, int]:
+    """Next index per split from the (compressed) SourceReaderState elements."""
+    out = {}
+    for op in meta.operators:
+        for sub in op.subtasks:
+            h = sub.managed_operator_state
+            if h is None or not any(e.name == "SourceReaderState" for e in h.states):
+                continue
+            data = h.delegate.read_bytes()
+            for e in h.states:
+                for off in e.offsets:
+                    plain, _ = read_framed(data, off, len(data), "op", identifier=False)
+                    p = 4 + 8  # byte[] length, SimpleVersionedSerialization header
+                    (n,) = struct.unpack_from(">H", plain, p)
+                    (out[plain[p + 2 : p + 2 + n].decode()],) = struct.unpack_from(
+                        ">q", plain, p + 2 + n
+                    )
+    return out
+
+
+@pytest.mark.parametrize("kind", ["canonical", "native"])
+def test_real_flink_compressed_savepoints_equal_the_jobs_input(kind: str) -> None:
+    (sp,) = (REAL / kind).iterdir()
+    meta = read_metadata(str(sp))
+    for sub in meta.operator("agg").subtasks:
+        (kh,) = sub.keyed_handles
+        assert read_proxy_header(kh.delegate.read_bytes(), "x").compression
+    positions = _positions(meta)
+    total: collections.Counter[str] = collections.Counter()
+    merchants: collections.Counter[tuple[str, str]] = collections.Counter()
+    recent: dict[str, list[int]] = collections.defaultdict(list)
+    for split, start in (("1", 0), ("2", 200001)):  # NumberSequenceSource(0, 400000)
+        for i in range(start, positions[split]):
+            key, amount = f"card-{i % 40:03d}", i % 997
+            total[key] += amount
+            merchants[(key, f"m{amount % 7}")] += 1
+            recent[key].append(amount)
+    types = PyFlinkTypes.parse(
+        ["total=value:LONG", "recent=list:LONG", "merchants=map:STRING:LONG"]
+    )
+    rows = snapshot_rows(meta, limit=0, pyflink_types=types)
+    assert {r["key"]: json.loads(r["value"]) for r in rows if r["state"] == "total"} == total
+    assert {
+        (r["key"], r["user_key"]): json.loads(r["value"]) for r in rows if r["state"] == "merchants"
+    } == merchants
+    got = {r["key"]: sorted(json.loads(r["value"])) for r in rows if r["state"] == "recent"}
+    assert got == {k: sorted(v) for k, v in recent.items()}

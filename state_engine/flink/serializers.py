@@ -154,9 +154,36 @@ class Buf:
         if len(chunk) == n and chunk.isascii():  # the common case: one byte per unit
             self.pos = p + n
             return chunk.decode("ascii")
-        units = [self.varint() for _ in range(n)]
-        if any(u > 0xFFFF for u in units):
-            raise self.fail("UTF-16 code units (<= 0xFFFF) in a StringValue")
+        # each unit a varint of 1-3 bytes; a local loop, not a method call per byte
+        data, end = self.data, self.end
+        units = []
+        append = units.append
+        for _ in range(n):
+            if p >= end:
+                self.pos = p
+                raise self.fail("the rest of a StringValue")
+            b = data[p]
+            p += 1
+            if b < 0x80:
+                append(b)
+                continue
+            value, shift = b & 0x7F, 7
+            while True:
+                if p >= end:
+                    self.pos = p
+                    raise self.fail("the rest of a StringValue character")
+                b = data[p]
+                p += 1
+                if b < 0x80:
+                    value |= b << shift
+                    break
+                value |= (b & 0x7F) << shift
+                shift += 7
+            if value > 0xFFFF:
+                self.pos = p
+                raise self.fail("UTF-16 code units (<= 0xFFFF) in a StringValue")
+            append(value)
+        self.pos = p
         return struct.pack(f">{n}H", *units).decode("utf-16-be", "surrogatepass")
 
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import base64
 import bisect
+import functools
 import json
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -269,6 +271,11 @@ class StateDecoder:
             kg, k, ns, _key_bytes, buf = self.key_parts(state, key)
         if mode == 1:
             user_key = ser.key.read(buf)
+            if len(value) == 9 and value[0] == 0 and getattr(ser.value, "kind", "") == "long":
+                entry = Entry(kg, state.name, k, ns, user_key, _I64_FROM(value, 1)[0], None)
+                if buf.pos != buf.end:
+                    _expect_end(buf)
+                return entry
             vb = Buf(value, 0, where=where)
             if vb.boolean():
                 v, ts = None, None
@@ -279,7 +286,11 @@ class StateDecoder:
                 _expect_end(vb)
             entry = Entry(kg, state.name, k, ns, user_key, v, ts)
         elif mode == 2:
-            values, ts = _unwrap_list(read_delimited_list(value, ser.element, where))
+            longs = _long_list(value) if getattr(ser.element, "kind", "") == "long" else None
+            if longs is not None:
+                values, ts = longs, None
+            else:
+                values, ts = _unwrap_list(read_delimited_list(value, ser.element, where))
             entry = Entry(kg, state.name, k, ns, None, values, ts)
         else:
             vb = Buf(value, 0, where=where)
@@ -291,6 +302,23 @@ class StateDecoder:
         if buf.pos != buf.end:
             _expect_end(buf)
         return entry
+
+
+@functools.lru_cache(maxsize=256)
+def _long_list_format(count: int) -> struct.Struct:
+    # "q" per element, "x" skips each ',' delimiter between them
+    return struct.Struct(">" + "qx" * (count - 1) + "q")
+
+
+def _long_list(value: bytes) -> list[int] | None:
+    """A RocksDB list of Longs (``elem , elem ...``) in one unpack; None if not that shape."""
+    n = len(value)
+    if n == 0 or (n + 1) % 9:
+        return None
+    count = (n + 1) // 9
+    if value[8::9] != b"," * (count - 1):
+        return None
+    return list(_long_list_format(count).unpack(value))
 
 
 def _expect_end(buf: Buf) -> None:

@@ -395,7 +395,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             snap = self._lock_snapshot(s, snapshot_id, ("PENDING",), "attach files to")
             # Plain ints: an ORM attribute read per row would cost more than the row's insert.
             snap_id, job_id = snap.id, snap.job_id
-            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism)
+            details: dict[int, str] = {}
+            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism, details)
             op_ids = self._operator_ids(s, job_id, {r.operator for r in refs if r.operator})
             bulk = Bulk(s.connection())
             m = bulk.mark
@@ -486,7 +487,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         r.subtask,
                         r.key_group_start,
                         r.key_group_end,
-                        None if r.details is None else json.dumps(r.details),
+                        details.get(id(r)),
                     )
                     for r in refs
                 ],
@@ -1046,11 +1047,15 @@ def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
 
 
 def _check_file_refs(
-    refs: list[FileRef], parallelism: int, max_parallelism: int
+    refs: list[FileRef],
+    parallelism: int,
+    max_parallelism: int,
+    details: dict[int, str] | None = None,
 ) -> dict[str, FileRef]:
     # Each check is inlined for the common valid case; the check_* helpers run only to word
     # the error (they accept what the fast tests accept, so they raise exactly when needed).
     by_path: dict[str, FileRef] = {}
+    details = {} if details is None else details
     top = max_parallelism - 1
     for ref in refs:
         path, size, subtask = ref.path, ref.size, ref.subtask
@@ -1071,7 +1076,11 @@ def _check_file_refs(
             if type(end) is not int or not start <= end <= top:
                 check_int(end, f"key_group_end of {path}", start, top)
         if ref.details is not None:
-            as_json(ref.details, f"details of {path}")
+            try:
+                # serialized once here and reused by the insert (attach_files is a hot path)
+                details[id(ref)] = json.dumps(ref.details, allow_nan=False)
+            except (TypeError, ValueError):
+                as_json(ref.details, f"details of {path}")
         prev = by_path.setdefault(path, ref)
         if prev is not ref and (prev.size, prev.checksum, prev.shared) != (
             size,

@@ -353,6 +353,9 @@ class FlinkSnapshotMetadata:
 
     def references(self) -> list[FileReference]:
         """Every handle of the snapshot with its role, inline ones included."""
+        cached = self.__dict__.get("_references")
+        if cached is not None:
+            return cached
         out: list[FileReference] = []
         for op in self.operators:
             if op.coordinator_state is not None:
@@ -380,6 +383,8 @@ class FlinkSnapshotMetadata:
                         out.append(
                             FileReference(ROLE_CHANNEL_STATE, ch.delegate, op.operator_id, st.index)
                         )
+        # computed once: the records are not changed after reading (the importer asks often)
+        self.__dict__["_references"] = out
         return out
 
     def file_references(self) -> list[FileReference]:
@@ -456,6 +461,17 @@ class _Reader:
         return n
 
     def utf(self, what: str) -> str:
+        data, pos = self.data, self.pos
+        end = pos + 2 + ((data[pos] << 8) | data[pos + 1]) if pos + 2 <= len(data) else -1
+        if 0 <= end <= len(data):
+            # the common case (an ASCII path or name) without building any error text
+            try:
+                text = data[pos + 2 : end].decode("ascii")
+            except UnicodeDecodeError:
+                pass
+            else:
+                self.pos = end
+                return text
         n = struct.unpack(">H", self.take(2, f"length of {what}"))[0]
         at = self.pos
         raw = self.take(n, what)
@@ -514,8 +530,9 @@ def _read_key_groups(r: _Reader) -> tuple[KeyGroupRange, tuple[int, ...]]:
 
 def _read_local_files(r: _Reader, what: str) -> tuple[LocalFile, ...]:
     out = []
+    name_what = f"a {what} file's local name"
     for _ in range(r.count(f"number of {what} files")):
-        local = r.utf(f"a {what} file's local name")
+        local = r.utf(name_what)
         h = _read_stream_handle(r)
         if h is None:
             raise r.fail(f"a state handle for the {what} file {local!r}")
@@ -853,7 +870,7 @@ class PathResolver:
             h.location, h.exists = loc, self.exists(loc)
         else:
             loc = _local_url(h.name)
-            if ".." in loc.split("/"):
+            if "/../" in loc or loc.endswith("/..") or loc.startswith("../"):
                 raise FlinkPathEscapes(
                     f"{self.source}: state handle path {h.name!r} contains '..'; refusing to "
                     "follow it (the _metadata is corrupt or was tampered with)"

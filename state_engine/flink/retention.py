@@ -43,6 +43,7 @@ from state_engine.flink.import_job import (
     CHK_DIR,
     ROLE_CHECKPOINTS,
     file_refs,
+    url_maker,
 )
 from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
 from state_engine.jobs.deletion import (
@@ -277,28 +278,31 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 f"the checkpoint directory {root_url} of Flink job {job!r} is gone; nothing was "
                 "deleted (re-import the job to mark its snapshots vanished)"
             )
+        to_url = url_maker(fs)
         found = fs.find(root, detail=True)
         files = set(found)
+        skip = len(root) + 1
+        heads: dict[str, bool] = {}  # first path component -> Flink's to clean?
+        chk_heads: set[str] = set()
         for path, info in found.items():
-            rel = path[len(root) + 1 :]
-            head = rel.split("/", 1)[0]
-            if "/" not in rel or not (head in JOB_SUBDIRS or CHK_DIR.match(head)):
-                continue  # only chk-*/, shared/, taskowned/ are Flink's to clean
-            listed[fs.unstrip_protocol(path)] = (int(info.get("size") or 0), _mtime(info))
+            head, sep, _ = path[skip:].partition("/")
+            if not sep:
+                continue  # a file directly in the job directory: not Flink's
+            keep = heads.get(head)
+            if keep is None:
+                is_chk = bool(CHK_DIR.match(head))
+                keep = heads[head] = head in JOB_SUBDIRS or is_chk
+                if is_chk:
+                    chk_heads.add(head)
+            if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
+                listed[to_url(path)] = (int(info.get("size") or 0), _mtime(info))
         # Every completed checkpoint on disk now, imported or not, pins its files.
-        for path in sorted(files):
-            parent = posixpath.dirname(path)
-            if posixpath.basename(path) != METADATA_FILE_NAME or posixpath.dirname(parent) != root:
-                continue
-            if not CHK_DIR.match(posixpath.basename(parent)):
-                continue
-            if fs.unstrip_protocol(parent) in dead:
-                continue
-            referenced.update(_refs_of(fs, path, root, files))
-        chk_dirs = {posixpath.dirname(p) for p in files if CHK_DIR.match(_head(p, root))}
-        for d in sorted(chk_dirs):
-            if posixpath.dirname(d) == root and f"{d}/{METADATA_FILE_NAME}" not in files:
-                plan.in_flight.append(fs.unstrip_protocol(d))
+        for head in sorted(chk_heads):
+            path = f"{root}/{head}/{METADATA_FILE_NAME}"
+            if path not in files:
+                plan.in_flight.append(to_url(f"{root}/{head}"))
+            elif to_url(f"{root}/{head}") not in dead:
+                referenced.update(_refs_of(fs, path, root, files))
     plan.listed = len(listed)
     plan.referenced = len(referenced)
     plan.foreign = sorted(u for u in referenced if not _under(u, own))

@@ -185,3 +185,22 @@ def test_plugin_pages_show_an_imported_flink_job(
         page = client.get(f"/snapshots/{chk11.id}", headers=auth)
         assert page.status_code == 200
         assert "Operator agg" in page.text and "128 recorded" in page.text
+
+
+def test_savepoint_dag_converts_the_latest_flink_snapshot_without_spark(
+    dag_of: Callable[[str], Any], flink_env: dict[str, Path], tmp_path: Path
+) -> None:
+    assert dag_of("statekeeper_flink_sync").test().state == "success"
+    target = (tmp_path / "converted").as_uri()
+    dagrun = dag_of("statekeeper_savepoint").test(
+        run_conf={"job": "payments", "target_dir": target}
+    )
+    assert dagrun.state == "success", task_states(dagrun)
+    with catalog() as cat:
+        [run] = cat.list_runs(job="payments", kind="savepoint")
+        chk11 = next(s for s in cat.list_snapshots("payments") if s.checkpoint_id == 11)
+        assert run.status == "SUCCEEDED" and run.input_snapshot_id == chk11.id
+        output = cat.get_snapshot(run.output_snapshot_id)
+    assert (output.kind, output.format, output.status) == ("SAVEPOINT", "CANONICAL", "COMPLETED")
+    assert output.location.rstrip("/") == target
+    assert (tmp_path / "converted" / "_metadata").is_file()

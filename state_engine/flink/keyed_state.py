@@ -9,6 +9,10 @@
   (``HeapSnapshotStrategy``): per key group, per state ``(namespace, key, whole value)``.
 * :class:`StateDecoder` turns RocksDB-shaped records (also what :mod:`rocksdb_state` reads) into
   :class:`Entry` objects, and :func:`entry_rows` into ``statectl state show`` rows.
+* :func:`snapshot_entries` / :func:`snapshot_rows` / :func:`snapshot_raw_rows` -- a whole
+  snapshot (part A's :class:`~state_engine.flink.metadata.FlinkSnapshotMetadata`), any format.
+
+Snapshots taken with snapshot compression are decompressed on the way (:mod:`snappy`).
 
 Row columns (the same as for Statekeeper snapshots): ``operator, key_group, state, key, namespace,
 user_key, value, expires_at``. ``key`` and ``user_key`` are text (String keys as is, Long keys as

@@ -295,7 +295,10 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 if is_chk:
                     chk_heads.add(head)
             if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
-                listed[to_url(path)] = (int(info.get("size") or 0), _mtime(info))
+                mtime = info.get("mtime")
+                if not isinstance(mtime, int | float):
+                    mtime = _mtime(info)
+                listed[to_url(path)] = (info.get("size") or 0, mtime)
         # Every completed checkpoint on disk now, imported or not, pins its files.
         for head in sorted(chk_heads):
             path = f"{root}/{head}/{METADATA_FILE_NAME}"
@@ -307,13 +310,17 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
     plan.referenced = len(referenced)
     plan.foreign = sorted(u for u in referenced if not _under(u, own))
     limit = cutoff.timestamp()
-    for url, (size, mtime) in sorted(listed.items()):
+    orphans = []
+    for url, (_size, mtime) in listed.items():
         if url in referenced:
             continue
         if mtime >= limit:
             plan.too_new.append(url)
         else:
-            plan.orphans[url] = size
+            orphans.append(url)
+    orphans.sort()
+    plan.too_new.sort()
+    plan.orphans = {u: int(listed[u][0]) for u in orphans}
     return plan
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -326,8 +327,48 @@ def key_group_bytes(h: KeyedStateHandle) -> dict[int, int]:
     return out
 
 
+_END_OF_KEY_GROUP = 0xFFFF
+
+
+def canonical_rows(h: KeyedStateHandle) -> dict[int, int]:
+    """Records per key group of an uncompressed canonical savepoint stream, by walking its
+    length prefixes (FLINK_FORMAT.md §5.2; nothing is deserialized); {} when compressed or not
+    canonical. A stream that does not parse counts nothing rather than failing the import."""
+    if h.type != SAVEPOINT_KEY_GROUPS or h.delegate is None or not h.offsets:
+        return {}
+    data = h.delegate.read_bytes()
+    # KeyedBackendSerializationProxy: i32 version, bool usingKeyGroupCompression
+    if len(data) < 5 or data[4] != 0:
+        return {}
+    out: dict[int, int] = {}
+    unpack = struct.unpack_from
+    try:
+        for i, off in enumerate(h.offsets):
+            if off <= 0:
+                continue
+            pos, n = off + 2, 0  # i16 kvStateId
+            while True:
+                (klen,) = unpack(">i", data, pos)
+                first = data[pos + 4]
+                pos += 4 + klen
+                (vlen,) = unpack(">i", data, pos)
+                pos += 4 + vlen
+                n += 1
+                if first & 0x80:
+                    (mark,) = unpack(">H", data, pos)
+                    pos += 2
+                    if mark == _END_OF_KEY_GROUP:
+                        break
+            out[h.key_groups.start + i] = n
+    except (struct.error, IndexError):
+        return {}
+    return out
+
+
 def key_group_stats(meta: FlinkSnapshotMetadata) -> list[KeyGroupStatRow]:
-    """Per operator and key group: bytes (rows are not counted here: 0)."""
+    """Per operator and key group: bytes from the offsets, and records where they can be counted
+    without decoding (uncompressed canonical savepoints; 0 elsewhere)."""
+    sizes: dict[tuple[str, int], int] = {}
     rows: dict[tuple[str, int], int] = {}
     for op in meta.operators:
         uid = operator_key(op.uid, op.operator_id)
@@ -336,8 +377,14 @@ def key_group_stats(meta: FlinkSnapshotMetadata) -> list[KeyGroupStatRow]:
                 continue
             for kg, n in key_group_bytes(st.managed_keyed_state).items():
                 if 0 <= kg < meta.max_parallelism:
+                    sizes[(uid, kg)] = sizes.get((uid, kg), 0) + n
+            for kg, n in canonical_rows(st.managed_keyed_state).items():
+                if 0 <= kg < meta.max_parallelism:
                     rows[(uid, kg)] = rows.get((uid, kg), 0) + n
-    return [KeyGroupStatRow(uid, kg, 0, n) for (uid, kg), n in sorted(rows.items())]
+    return [
+        KeyGroupStatRow(uid, kg, rows.get((uid, kg), 0), n)
+        for (uid, kg), n in sorted(sizes.items())
+    ]
 
 
 def _catalog_parallelism(meta: FlinkSnapshotMetadata) -> tuple[int, int]:
@@ -527,7 +574,7 @@ def import_flink(
         crash_point("flink.import.after_attach")
         if stats and (not resumed or not catalog.key_group_stats(snap.id)):
             catalog.record_key_group_stats(snap.id, stats)
-        snap = catalog.complete_snapshot(snap.id, snap.version, entries=0)
+        snap = catalog.complete_snapshot(snap.id, snap.version, entries=sum(r.rows for r in stats))
         (report.resumed if resumed else report.added).append(_summary(snap, refs, meta))
         crash_point("flink.import.after_complete")
 

@@ -287,3 +287,21 @@ def test_metadata_version_5_reads_like_version_6(flink_fixtures: FlinkFixtures) 
     v5 = metadata_from_bytes(data[:4] + (5).to_bytes(4, "big") + data[8:], str(path))
     assert (v5.version, v6.version) == (5, 6)
     assert v5.operators == v6.operators and (v5.kind, v5.format) == (v6.kind, v6.format)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+def test_canonical_savepoints_count_records_per_key_group(
+    catalog: Catalog, flink_fixtures: FlinkFixtures, backend: str
+) -> None:
+    """One canonical record per (state, key) and per map entry: total, lastSeen and recent once
+    per key (a list is one record), merchants once per entry (fixture README counts)."""
+    sp = flink_fixtures.java_savepoints(backend)
+    import_flink(catalog, [str(sp)], "c")
+    manifest = json.loads((flink_fixtures.java / "manifest.json").read_text())["backends"][backend]
+    expected = next(s for s in manifest["snapshots"] if s["kind"] == "savepoint-canonical")
+    snap = next(s for s in catalog.list_snapshots("c") if s.format == "CANONICAL")
+    assert snap.entries == 3 * expected["keys"] + expected["map_entries"]
+    [skew] = catalog.key_group_skew(snap.id)
+    assert skew.total_rows == snap.entries and skew.skew is not None and skew.skew >= 1.0
+    native = next(s for s in catalog.list_snapshots("c") if s.format == "NATIVE")
+    assert native.entries == 0  # heap/RocksDB native: not counted without decoding

@@ -359,6 +359,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         commands.add_parser(
             "verify", help="check the catalog against storage (see `statectl verify --help`)"
         )
+    from state_engine.flink.cli import register as register_flink
+
+    register_flink(commands)
     return parser
 
 

@@ -340,3 +340,59 @@ class VerificationError(StatekeeperError):
 
 class InvalidCrashPoint(ConfigurationError):
     """A ``STATEKEEPER_CRASH_AT`` value that is not ``name`` or ``name:N`` (N >= 1)."""
+
+
+# --- Apache Flink snapshots ---
+
+
+class FlinkError(StatekeeperError):
+    """Base class of errors about Apache Flink checkpoints and savepoints."""
+
+
+class FlinkMetadataError(FlinkError, ValueError):
+    """A Flink ``_metadata`` file that is truncated, malformed or not a Flink metadata file.
+
+    The message names the file, the byte offset and what was expected there.
+    """
+
+
+class UnsupportedFlinkMetadataVersion(FlinkMetadataError):
+    """A Flink ``_metadata`` version this reader does not know (it reads versions 3 to 6)."""
+
+
+class FlinkPathEscapes(FlinkError, ValueError):
+    """A handle path that resolves outside the snapshot's or job's directories."""
+
+
+class FlinkImportError(FlinkError):
+    """A Flink directory that cannot be imported (not a job or savepoint dir, files missing)."""
+
+
+class FlinkDirectoryClaimed(FlinkImportError):
+    """A Flink directory already imported under another job name."""
+
+
+class FlinkJobDirectoryMissing(FlinkImportError, FileNotFoundError):
+    """A Flink job's checkpoint or savepoint directory that no longer exists."""
+
+
+# --- Flink keyed state (issue 12 part B: decoding and conversion) ---
+
+
+class FlinkStateError(FlinkError, ValueError):
+    """Keyed-state bytes of a Flink snapshot that are truncated or do not follow Flink's layout.
+
+    The message names the file (or handle), the byte offset and what was expected there.
+    """
+
+
+class UnsupportedFlinkSerializer(FlinkStateError):
+    """A Flink serializer this reader cannot decode (POJO, Kryo, Avro, user serializers).
+
+    The message names the state and the serializer snapshot class; ``--raw`` shows the bytes
+    instead.
+    """
+
+
+class FlinkConversionError(FlinkError):
+    """A Flink snapshot that cannot be converted into a Statekeeper canonical savepoint."""

@@ -46,6 +46,10 @@ CRASH_POINTS: dict[str, str] = {
     "orphan_cleanup.after_delete": "state_engine.jobs.orphan_cleanup",
     "deletion.after_forget": "state_engine.jobs.deletion",
     "deletion.after_delete_one": "state_engine.jobs.deletion",
+    "flink.import.after_attach": "state_engine.flink.import_job",
+    "flink.import.after_complete": "state_engine.flink.import_job",
+    "flink.expire.after_discard": "state_engine.flink.retention",
+    "flink.orphan_cleanup.after_delete": "state_engine.flink.retention",
 }
 
 #: Every pause point, by the module that holds it (see the module docstring).

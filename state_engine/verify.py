@@ -200,11 +200,47 @@ def _by_path(files: Iterable[SnapshotFileRecord]) -> dict[str, SnapshotFileRecor
     return out
 
 
+def _check_flink_metadata(
+    report: JobReport,
+    snap: SnapshotRecord,
+    files: dict[str, SnapshotFileRecord],
+    job_location: str | None,
+) -> None:
+    """A Flink snapshot's binary ``_metadata`` (see state_engine.flink) against the catalog."""
+    from state_engine.flink.import_job import metadata_problems
+
+    label = _label(snap)
+    meta_url = snap.location.rstrip("/") + "/" + METADATA_FILE
+    try:
+        problems = metadata_problems(
+            snap.location, job_location, {p: f.size for p, f in files.items()}
+        )
+    except (StatekeeperError, OSError, ValueError) as exc:
+        report.add(
+            Finding(ERROR, "metadata", f"{label}: {METADATA_FILE} cannot be read: {exc}",
+                    meta_url, snap.id, snap.checkpoint_id)
+        )  # fmt: skip
+        return
+    for problem in problems:
+        report.add(
+            Finding(ERROR, "metadata-mismatch",
+                    f"{label}: {METADATA_FILE} disagrees with the catalog: {problem}",
+                    meta_url, snap.id, snap.checkpoint_id)
+        )  # fmt: skip
+
+
 def _check_metadata(
-    report: JobReport, snap: SnapshotRecord, files: dict[str, SnapshotFileRecord]
+    report: JobReport,
+    snap: SnapshotRecord,
+    files: dict[str, SnapshotFileRecord],
+    origin: str = "statekeeper",
+    job_location: str | None = None,
 ) -> None:
     """``_metadata`` reads, validates, and agrees with what the catalog attached."""
     label = _label(snap)
+    if origin == "flink":
+        _check_flink_metadata(report, snap, files, job_location)
+        return
     try:
         sdir = SnapshotDir.from_url(snap.location)
         meta = SnapshotMetadata.from_json(sdir.read_metadata_bytes(), sdir.url)
@@ -290,7 +326,7 @@ def verify_job(
                     Finding(ERROR, kind, f"{_label(snap)}: file {f.path} {what}", f.path,
                             snap.id, snap.checkpoint_id)
                 )  # fmt: skip
-        _check_metadata(report, snap, files)
+        _check_metadata(report, snap, files, record.origin, record.location)
     referenced |= catalog.live_paths(record.id)
     known = catalog.known_paths(record.id)
     orphan_level = ERROR if strict else WARNING

@@ -67,7 +67,11 @@ def ttl_plan(catalog: Catalog) -> dict[str, Any]:
     latest = {s.job: s for s in catalog.latest_snapshots()}
     for job in catalog.list_jobs():
         record = latest.get(job.name)
-        if record is None:
+        if job.origin == "flink":
+            skipped.append(
+                {"job": job.name, "reason": "a Flink job: convert a snapshot (savepoint DAG) first"}
+            )
+        elif record is None:
             skipped.append({"job": job.name, "reason": "no COMPLETED snapshot"})
         elif record.format != str(SnapshotFormat.CANONICAL):
             skipped.append(

@@ -49,6 +49,7 @@ from urllib.parse import quote
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from statekeeper_airflow.flink import FLINK_KINDS, run_flink_maintenance
 from statekeeper_airflow.spark_submit import (
     DEFAULT_CONN_ID,
     SparkModeError,
@@ -154,12 +155,22 @@ def run_maintenance(
         task_id=ti.task_id,
         map_index=-1 if map_index is None else map_index,
     )
+    ids = {"run_id": run_id, "dag_id": dag_id, "airflow_run_id": airflow_run_id}
+    if kind in FLINK_KINDS:
+        # a job imported from Apache Flink is maintained in-process, without Spark
+        try:
+            flink_report = run_flink_maintenance(kind, merged, ids)
+        except _permanent_errors() as exc:
+            raise AirflowFailException(f"{kind} of job {merged.get('job')!r}: {exc}") from exc
+        if flink_report is not None:
+            if emit:
+                emit_snapshot_event(context, flink_report, kind)
+            return flink_report
     try:
         target = spark_target(conn_id)
     except SparkModeError as exc:
         raise AirflowFailException(str(exc)) from exc
     log.info("%s run %s: %s (%s)", kind, run_id, target.mode, target.reason)
-    ids = {"run_id": run_id, "dag_id": dag_id, "airflow_run_id": airflow_run_id}
     from state_engine.jobs.spark import app_name
 
     name = app_name(

@@ -30,6 +30,8 @@ SNAPSHOT_STATUSES = ("PENDING", "COMPLETED", "FAILED", "SUBSUMED", "DISCARDED")
 # Retained snapshots pin their files: nothing they reference may be deleted.
 RETAINED_STATUSES = ("PENDING", "COMPLETED")
 RUN_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED")
+# Who wrote a job's snapshots: Statekeeper's runtime, or Apache Flink (imported, migration 0003).
+JOB_ORIGINS = ("statekeeper", "flink")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -85,6 +87,19 @@ class Job(Base):
     max_parallelism: Mapped[int] = mapped_column(Integer)
     location: Mapped[str | None] = mapped_column(Text)
     properties: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime]
+    origin: Mapped[str] = mapped_column(String(16), server_default="statekeeper")
+
+
+class JobDir(Base):
+    """A directory a job's snapshots are imported from; one directory belongs to one job."""
+
+    __tablename__ = "sk_job_dirs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("sk_jobs.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(Text, unique=True)
+    role: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime]
 
 

@@ -17,6 +17,7 @@ class JobRecord:
     location: str | None
     properties: dict[str, Any]
     created_at: datetime
+    origin: str = "statekeeper"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,8 @@ class SnapshotFileRecord:
     key_group_end: int | None
     created_by_snapshot_id: int | None
     last_used_snapshot_id: int | None
+    # what the writer recorded about this reference (Flink imports: role, kind, Flink's path)
+    details: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,12 @@ from sqlalchemy.orm import Session
 
 from state_engine.catalog import views
 from state_engine.catalog.bulk import Bulk
+from state_engine.catalog.dirs import JobDirMixin
 from state_engine.catalog.engine import make_engine
 from state_engine.catalog.leases import LeaseMixin
 from state_engine.catalog.migrate import check_at_head
 from state_engine.catalog.models import (
+    JOB_ORIGINS,
     RETAINED_STATUSES,
     SNAPSHOT_FORMATS,
     SNAPSHOT_KINDS,
@@ -78,7 +80,7 @@ from state_engine.errors import (
 MAX_MAX_PARALLELISM = 32_768  # Flink's upper bound for max parallelism
 
 
-class Catalog(RunMixin, LeaseMixin, Store):
+class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
     """The SQL catalog. Open it with :meth:`open` (checks the schema is at head)."""
 
     @classmethod
@@ -121,9 +123,14 @@ class Catalog(RunMixin, LeaseMixin, Store):
         max_parallelism: int,
         location: str | None = None,
         properties: dict[str, Any] | None = None,
+        origin: str = "statekeeper",
     ) -> JobRecord:
-        """Register a job, or return it if registered with the same max parallelism."""
+        """Register a job, or return it if registered with the same max parallelism and origin."""
         check_name(name, "a job name")
+        if origin not in JOB_ORIGINS:
+            raise InvalidCatalogInput(
+                f"job origin must be one of {', '.join(JOB_ORIGINS)}, got {origin!r}"
+            )
         check_int(max_parallelism, "max_parallelism", 1, MAX_MAX_PARALLELISM)
         props = as_json(properties or {}, "job properties")
         with self._write() as s:
@@ -135,9 +142,15 @@ class Catalog(RunMixin, LeaseMixin, Store):
                     location=location,
                     properties=props,
                     created_at=self.now(),
+                    origin=origin,
                 )
                 s.add(job)
                 s.flush()
+            elif job.origin != origin:
+                raise InvalidCatalogInput(
+                    f"job {name!r} holds {job.origin} snapshots, not {origin} ones; give the "
+                    f"{origin} job another name"
+                )
             elif job.max_parallelism != max_parallelism:
                 raise InvalidCatalogInput(
                     f"job {name!r} has max parallelism {job.max_parallelism}, not "
@@ -383,7 +396,8 @@ class Catalog(RunMixin, LeaseMixin, Store):
             snap = self._lock_snapshot(s, snapshot_id, ("PENDING",), "attach files to")
             # Plain ints: an ORM attribute read per row would cost more than the row's insert.
             snap_id, job_id = snap.id, snap.job_id
-            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism)
+            details: dict[int, str] = {}
+            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism, details)
             op_ids = self._operator_ids(s, job_id, {r.operator for r in refs if r.operator})
             bulk = Bulk(s.connection())
             m = bulk.mark
@@ -474,7 +488,7 @@ class Catalog(RunMixin, LeaseMixin, Store):
                         r.subtask,
                         r.key_group_start,
                         r.key_group_end,
-                        None if r.details is None else json.dumps(r.details),
+                        details.get(id(r)),
                     )
                     for r in refs
                 ],
@@ -594,12 +608,25 @@ class Catalog(RunMixin, LeaseMixin, Store):
             return self._snapshot_record(s, snapshot_id)
 
     def discard_snapshot(
-        self, snapshot_id: int, *, expected_version: int | None = None
+        self,
+        snapshot_id: int,
+        *,
+        expected_version: int | None = None,
+        error: str | None = None,
     ) -> SnapshotRecord:
-        """COMPLETED, SUBSUMED or FAILED -> DISCARDED: the snapshot can no longer be restored."""
+        """COMPLETED, SUBSUMED or FAILED -> DISCARDED: the snapshot can no longer be restored.
+
+        ``error`` records why when it was not discarded on purpose (its directory vanished).
+        """
+        extra = {} if error is None else {"error": error}
         with self._write() as s:
             self._transition(
-                s, snapshot_id, ("COMPLETED", "SUBSUMED", "FAILED"), "DISCARDED", expected_version
+                s,
+                snapshot_id,
+                ("COMPLETED", "SUBSUMED", "FAILED"),
+                "DISCARDED",
+                expected_version,
+                **extra,
             )
             return self._snapshot_record(s, snapshot_id)
 
@@ -974,6 +1001,7 @@ def _snapshot_files_stmt(snapshot_id: int) -> Select[Any]:
             SnapshotFile.key_group_end,
             File.created_by_snapshot_id,
             File.last_used_snapshot_id,
+            SnapshotFile.details,
         )
         .join(File, File.id == SnapshotFile.file_id)
         .outerjoin(Operator, Operator.id == SnapshotFile.operator_id)
@@ -1031,11 +1059,15 @@ def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
 
 
 def _check_file_refs(
-    refs: list[FileRef], parallelism: int, max_parallelism: int
+    refs: list[FileRef],
+    parallelism: int,
+    max_parallelism: int,
+    details: dict[int, str] | None = None,
 ) -> dict[str, FileRef]:
     # Each check is inlined for the common valid case; the check_* helpers run only to word
     # the error (they accept what the fast tests accept, so they raise exactly when needed).
     by_path: dict[str, FileRef] = {}
+    details = {} if details is None else details
     top = max_parallelism - 1
     for ref in refs:
         path, size, subtask = ref.path, ref.size, ref.subtask
@@ -1056,7 +1088,11 @@ def _check_file_refs(
             if type(end) is not int or not start <= end <= top:
                 check_int(end, f"key_group_end of {path}", start, top)
         if ref.details is not None:
-            as_json(ref.details, f"details of {path}")
+            try:
+                # serialized once here and reused by the insert (attach_files is a hot path)
+                details[id(ref)] = json.dumps(ref.details, allow_nan=False)
+            except (TypeError, ValueError):
+                as_json(ref.details, f"details of {path}")
         prev = by_path.setdefault(path, ref)
         if prev is not ref and (prev.size, prev.checksum, prev.shared) != (
             size,
@@ -1099,7 +1135,9 @@ def _check_reuse(
 
 
 def _job(j: Job) -> JobRecord:
-    return JobRecord(j.id, j.name, j.max_parallelism, j.location, j.properties, j.created_at)
+    return JobRecord(
+        j.id, j.name, j.max_parallelism, j.location, j.properties, j.created_at, j.origin
+    )
 
 
 def _state(r: State, operator: str) -> StateRecord:

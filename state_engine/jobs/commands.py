@@ -15,11 +15,13 @@ from datetime import datetime
 from typing import Any
 
 from state_engine.config import Settings
+from state_engine.errors import InvalidJobParams
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
 _NOT_PARAMS = {
     "handler", "command", "job_name", "maintain_command", "state_command", "json", "task_id"
 }
+_NOT_PARAMS |= {"ttl", "pyflink_types"}  # Flink conversion options (flink/convert.py)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,19 @@ def _savepoint_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watermark", type=int, help="drop entries of event-time TTL expired at (ms)")
     p.add_argument("--tasks", type=int, help="Spark tasks to write with (default: 2 per core)")
     p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
+    p.add_argument(
+        "--ttl",
+        action="append",
+        metavar="STATE=MS",
+        help="Flink snapshots: the TTL of a TTL state in ms (Flink does not store it); repeatable",
+    )
+    p.add_argument(
+        "--pyflink-type",
+        dest="pyflink_types",
+        action="append",
+        metavar="STATE=KIND[:TYPE[:TYPE]]",
+        help="PyFlink snapshots: how a Python state is coded, e.g. total=value:LONG",
+    )
 
 
 def _rescale_arguments(p: argparse.ArgumentParser) -> None:
@@ -198,6 +213,7 @@ def add_job_parsers(subparsers: Any, handler: Callable[[argparse.Namespace], int
         p.add_argument("--dag-id", help="Airflow DAG id (recorded with the run)")
         p.add_argument("--airflow-run-id", help="Airflow run id (recorded with the run)")
         p.add_argument("--task-id", help="Airflow task id (in the Spark application's name)")
+        p.add_argument("--json", action="store_true", help="the report is JSON (it always is)")
         p.set_defaults(handler=handler, job_name=spec.name)
 
 
@@ -212,6 +228,13 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     from state_engine.jobs.spark import app_name, build_spark
 
     settings = Settings.from_env()
+    if args.job_name in ("expire", "orphan_cleanup"):
+        # Jobs imported from Apache Flink are maintained in plain Python: no Spark starts.
+        from state_engine.flink.retention import flink_runner, run_maintenance
+
+        with Catalog.from_settings(settings) as catalog:
+            if flink_runner(catalog, args.job_name, job_params(args)) is not None:
+                return run_maintenance(catalog, args.job_name, settings, **job_params(args))
     params = job_params(args)
     ids = {k: params.pop(k) for k in COMMON if k in params}
     with Catalog.from_settings(settings) as catalog:
@@ -231,38 +254,21 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    report = run_job(args)
+    report = _flink_savepoint(args) if args.job_name == "savepoint" else None
+    if report is None:
+        report = run_job(args)
     print(json.dumps(report, default=_json_default, sort_keys=True))
     return 0
 
 
 def cmd_state_show(args: argparse.Namespace) -> int:
     from state_engine.catalog import Catalog
-    from state_engine.jobs.state_local import plan_show, quiet_spark_conf, read_rows
 
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:
-        # every refusal (id, status, format, operator, state, key) before any Spark start
-        plan = plan_show(
-            catalog, args.snapshot, state=args.state, key=args.key, operator=args.operator
-        )
-        if plan.local and not args.spark:
-            rows = read_rows(plan, args.limit)
-        else:
-            from state_engine.jobs.spark import app_name, build_spark
-            from state_engine.jobs.state_inspect import show_rows
-
-            spark = build_spark(settings, extra=quiet_spark_conf(), name=app_name("state-show"))
-            spark.sparkContext.setLogLevel("ERROR")
-            rows = show_rows(
-                spark,
-                catalog,
-                args.snapshot,
-                state=args.state,
-                key=args.key,
-                operator=args.operator,
-                limit=args.limit,
-            )
+        rows = _flink_state_rows(catalog, args)
+        if rows is None:
+            rows = _statekeeper_state_rows(catalog, args, settings)
     from state_engine.jobs.state_inspect import COLUMNS
 
     if args.json:
@@ -272,6 +278,82 @@ def cmd_state_show(args: argparse.Namespace) -> int:
 
         print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows], width=60))
     return 0
+
+
+def _flink_savepoint(args: argparse.Namespace) -> dict[str, Any] | None:
+    """A snapshot of a Flink job converts in-process (no Spark); None for any other snapshot."""
+    if getattr(args, "snapshot", None) is None and getattr(args, "job", None) is None:
+        return None
+    from state_engine.catalog import Catalog
+    from state_engine.flink import convert
+    from state_engine.flink.keyed_state import catalog_flink_metadata
+    from state_engine.flink.pyflink import PyFlinkTypes
+
+    settings = Settings.from_env()
+    with Catalog.from_settings(settings) as catalog:
+        snapshot = args.snapshot
+        if snapshot is None:  # --job NAME: its latest Flink snapshot, if it is a Flink job
+            snapshot = convert.latest_flink_snapshot(catalog, args.job)
+            if snapshot is None:
+                return None
+        elif catalog_flink_metadata(catalog, snapshot) is None:
+            return None
+        return convert.run(
+            catalog,
+            snapshot,
+            savepoint_dir=args.savepoint_dir,
+            ttl=convert.parse_ttl(args.ttl),
+            pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
+            run_id=args.run_id,
+            settings=settings,
+        )
+
+
+def _statekeeper_state_rows(
+    catalog: Any, args: argparse.Namespace, settings: Settings
+) -> list[dict[str, Any]]:
+    """Rows of a Statekeeper snapshot: read directly when small, with Spark above that."""
+    from state_engine.jobs.state_local import plan_show, quiet_spark_conf, read_rows
+
+    # every refusal (id, status, format, operator, state, key) before any Spark start
+    plan = plan_show(catalog, args.snapshot, state=args.state, key=args.key, operator=args.operator)
+    if plan.local and not args.spark:
+        return read_rows(plan, args.limit)
+    from state_engine.jobs.spark import app_name, build_spark
+    from state_engine.jobs.state_inspect import show_rows
+
+    spark = build_spark(settings, extra=quiet_spark_conf(), name=app_name("state-show"))
+    spark.sparkContext.setLogLevel("ERROR")
+    return show_rows(
+        spark,
+        catalog,
+        args.snapshot,
+        state=args.state,
+        key=args.key,
+        operator=args.operator,
+        limit=args.limit,
+    )
+
+
+def _flink_state_rows(catalog: Any, args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """Rows of a snapshot of a Flink job, decoded in-process from Flink's bytes (no Spark)."""
+    from state_engine.flink.keyed_state import catalog_flink_metadata, snapshot_rows
+    from state_engine.flink.pyflink import PyFlinkTypes
+
+    meta = catalog_flink_metadata(catalog, args.snapshot)
+    if meta is None:
+        if getattr(args, "raw", False):
+            raise InvalidJobParams("--raw reads snapshots of Flink jobs only")
+        return None
+    return snapshot_rows(
+        meta,
+        operator=args.operator,
+        state=args.state,
+        key=args.key,
+        limit=args.limit,
+        raw=args.raw,
+        pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
+    )
 
 
 def _json_default(value: Any) -> Any:
@@ -305,5 +387,17 @@ def register(subparsers: Any) -> None:
         "--spark",
         action="store_true",
         help="read with Spark even when the files are small (default: Spark above 64 MiB)",
+    )
+    show.add_argument(
+        "--raw",
+        action="store_true",
+        help="Flink snapshots: keys and values as base64 bytes, not decoded",
+    )
+    show.add_argument(
+        "--pyflink-type",
+        dest="pyflink_types",
+        action="append",
+        metavar="STATE=KIND[:TYPE[:TYPE]]",
+        help="PyFlink jobs: how a Python state is coded, e.g. total=value:LONG (repeatable)",
     )
     show.set_defaults(handler=cmd_state_show)

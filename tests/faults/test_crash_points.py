@@ -179,6 +179,12 @@ CASES += [
 ]
 
 
+# The Flink points run in test_flink_crash_points.py (their own driver and fixtures).
+from test_flink_crash_points import FLINK_CASES  # noqa: E402
+
+CASES += FLINK_CASES  # type: ignore[arg-type]
+
+
 def test_every_crash_point_in_the_engine_is_in_the_table_and_in_its_module() -> None:
     assert {c.name for c in CASES} >= set(faults.CRASH_POINTS)
     import importlib

@@ -1,0 +1,372 @@
+"""Flink snapshots: import, keyed-state decoding and orphan cleanup against bare baselines.
+
+Three measurements, each against its baseline in the same run (ratios, not absolute times):
+
+* import: ``import_flink`` of a generated Flink job directory (3 retained incremental checkpoints
+  whose ``_metadata`` reference 10,000 shared files) into a fresh SQLite catalog, vs a bare
+  ``fsspec`` listing of the same tree plus reading every ``_metadata``;
+* decode: every keyed entry of a generated canonical savepoint stream (the Java fixture job's
+  states: Long VALUE, TTL VALUE, MAP<String, Long>, LIST<Long>) decoded into Python values, vs
+  reading the same bytes through ``pyarrow.input_stream`` plus one ``struct`` unpack per record;
+  reported in MB/s too;
+* orphan cleanup (dry run: plan only) over 100,000 files of that job directory, vs a bare listing.
+
+The ``_metadata`` files are written here from the format (FLINK_FORMAT.md §2) with the
+``CheckpointProperties`` trailer and keyed-backend header copied from the real fixture archive
+(``/work/shared/flink/flink-java-dev.tar.gz`` or ``--fixtures``). Prints one JSON object last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import struct
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+
+from state_engine.flink.keyed_state import canonical_entries, read_proxy_header
+
+ARCHIVE = Path(os.environ.get("STATEKEEPER_FLINK_FIXTURES", "/work/shared/flink"))
+JAVA = "flink-java-dev.tar.gz"
+ROCKS_CHK = "flink-java-dev/rocksdb/checkpoints/0cf791d2fa2585d18b369593e6ac454d/chk-11/_metadata"
+HASHMAP_SP = "flink-java-dev/hashmap/savepoints/savepoint-24b66e-d8d099a6f7d1"
+MERCHANTS = ["amazon", "ikea", "café-de-flore", "Müller-Markt", "京东商城", "🍕-pizza-place"]
+
+
+def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), result
+
+
+# --- writers of Flink's encodings (only what the generated data needs) ---
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def string_value(s: str) -> bytes:
+    units = struct.unpack(f">{len(s.encode('utf-16-be')) // 2}H", s.encode("utf-16-be"))
+    return _varint(len(units) + 1) + b"".join(_varint(u) for u in units)
+
+
+def utf(s: str) -> bytes:
+    b = s.encode("utf-8")  # the names written here have no NUL or supplementary characters
+    return struct.pack(">H", len(b)) + b
+
+
+# --- decode ---
+
+
+def canonical_stream(
+    header: bytes, ids: dict[str, int], keys: int, seed: int = 7
+) -> tuple[bytes, list[int], int]:
+    """A one-subtask canonical savepoint file (key groups 0..127) and its key-group offsets."""
+    rnd = random.Random(seed)
+    by_kg: dict[int, list[str]] = {}
+    for i in range(keys):
+        by_kg.setdefault(i % 128, []).append(f"card-{i:07d}")
+    out = bytearray(header)
+    offsets = []
+    records = 0
+    for kg in range(128):
+        offsets.append(len(out))
+        runs: list[tuple[int, list[tuple[bytes, bytes]]]] = []
+        for state in ("total", "lastSeen", "merchants", "recent"):
+            recs = []
+            for k in by_kg.get(kg, []):
+                key = bytes([kg]) + string_value(k) + b"\x00"
+                if state == "total":
+                    recs.append((key, struct.pack(">q", rnd.randrange(1, 10**6))))
+                elif state == "lastSeen":
+                    recs.append((key, struct.pack(">qq", 1_795_485_260_770, rnd.randrange(10**12))))
+                elif state == "merchants":
+                    for m in rnd.sample(MERCHANTS, 3):
+                        recs.append(
+                            (key + string_value(m), b"\x00" + struct.pack(">q", rnd.randrange(9)))
+                        )
+                else:
+                    recs.append(
+                        (key, b",".join(struct.pack(">q", rnd.randrange(20000)) for _ in range(5)))
+                    )
+            runs.append((ids[state], recs))
+        out += struct.pack(">h", runs[0][0])
+        for r, (_sid, recs) in enumerate(runs):
+            for j, (k, v) in enumerate(recs):
+                last = j == len(recs) - 1
+                if last:
+                    k = bytes([k[0] | 0x80]) + k[1:]
+                out += struct.pack(">i", len(k)) + k + struct.pack(">i", len(v)) + v
+                if last:
+                    nxt = runs[r + 1][0] if r + 1 < len(runs) else 0xFFFF
+                    out += struct.pack(">H", nxt)
+                records += 1
+    return bytes(out), offsets, records
+
+
+def bench_decode(fixtures: Path, work: Path, keys: int, repeat: int) -> dict[str, Any]:
+    sp = fixtures / HASHMAP_SP
+    data_file = next(p for p in sp.iterdir() if p.name != "_metadata")
+    raw = data_file.read_bytes()
+    header = read_proxy_header(raw, str(data_file))
+    ids = {s.name: s.state_id for s in header.states}
+    stream, offsets, records = canonical_stream(raw[: header.end], ids, keys)
+    path = work / "canonical-savepoint-stream"
+    path.write_bytes(stream)
+    unpack = struct.Struct(">i").unpack_from
+    limit = len(stream) - 4
+
+    def baseline() -> int:
+        with pa.input_stream(str(path)) as f:
+            data = f.read()
+        n = 0
+        for i in range(records):
+            n += unpack(data, (i * 13) % limit)[0] & 1
+        return n
+
+    def decode() -> int:
+        with open(path, "rb") as f:
+            data = f.read()
+        n = 0
+        for _ in canonical_entries(data, offsets, 128, str(path)):
+            n += 1
+        return n
+
+    t_base, _ = best(baseline, repeat)
+    t_dec, entries = best(decode, repeat)
+    mb = len(stream) / 1e6
+    return {
+        "records": records,
+        "entries": entries,
+        "bytes": len(stream),
+        "baseline_s": round(t_base, 4),
+        "decode_s": round(t_dec, 4),
+        "baseline_mb_s": round(mb / t_base, 1),
+        "decode_mb_s": round(mb / t_dec, 1),
+        "ratio": round(t_base / t_dec, 3),
+    }
+
+
+# --- a generated Flink job directory ---
+
+
+def _file_handle(path: Path, size: int) -> bytes:
+    return b"\x02" + struct.pack(">q", size) + utf("file:" + str(path))
+
+
+def _inline(name: str, data: bytes) -> bytes:
+    return b"\x01" + utf(name) + struct.pack(">i", len(data)) + data
+
+
+def metadata_bytes(
+    checkpoint_id: int,
+    subtasks: list[tuple[list[tuple[str, Path, int]], list[tuple[str, Path, int]]]],
+    meta_state: bytes,
+    trailer: bytes,
+) -> bytes:
+    """A version-6 ``_metadata``: one keyed operator; per subtask its shared/private files."""
+    p = len(subtasks)
+    out = bytearray(struct.pack(">ii", 0x4960672D, 6))
+    out += struct.pack(">qii", checkpoint_id, 0, 1)
+    out += utf("aggregate") + utf("agg")
+    out += struct.pack(">qqii", 0x66C179F06330F542, 0x5345, p, 128)
+    out += b"\x00"  # no coordinator state
+    out += struct.pack(">i", p)
+    for i, (shared, private) in enumerate(subtasks):
+        start = (i * 128 + p - 1) // p
+        end = ((i + 1) * 128 - 1) // p
+        out += struct.pack(">iii", i, 0, 0)
+        out += b"\x0b" + struct.pack(">q", checkpoint_id) + utf(f"backend-{i}")
+        out += struct.pack(">iiq", start, end - start + 1, sum(s for _, _, s in shared))
+        out += _inline(f"meta-{checkpoint_id}-{i}", meta_state)
+        for files in (shared, private):
+            out += struct.pack(">i", len(files))
+            for local, path, size in files:
+                out += utf(local) + _file_handle(path, size)
+        out += utf(f"handle-{checkpoint_id}-{i}")
+        out += b"\x00"  # no raw keyed state
+        out += struct.pack(">ii", 0, 0)  # no channel state
+    return bytes(out) + trailer
+
+
+def generate_job(fixtures: Path, root: Path, shared_files: int, orphans: int) -> tuple[Path, int]:
+    """``<root>/<job-id>`` with chk-1..3 over ``shared_files`` SSTs, plus ``orphans`` strays."""
+    real = (fixtures / ROCKS_CHK).read_bytes()
+    trailer = real[real.rindex(b"\xac\xed\x00\x05") :]
+    meta_state = (
+        next(p for p in (fixtures / HASHMAP_SP).iterdir() if p.name != "_metadata")
+    ).read_bytes()[:2322]
+    job = root / "5d1f0e3c9b2a4c6d8e7f00112233aabb"
+    shared = job / "shared"
+    shared.mkdir(parents=True)
+    (job / "taskowned").mkdir()
+    payload = b"s" * 64
+    sst = []
+    for i in range(shared_files):
+        path = shared / f"{i:08x}-0000-4000-8000-sst"
+        path.write_bytes(payload)
+        sst.append((f"{i:06d}.sst", path, len(payload)))
+    # chk-1 uses the first 60%, chk-2 the middle, chk-3 the last 60%: every file is referenced
+    n = shared_files
+    windows = {1: (0, int(n * 0.6)), 2: (int(n * 0.2), int(n * 0.8)), 3: (int(n * 0.4), n)}
+    for cid, (a, b) in windows.items():
+        chk = job / f"chk-{cid}"
+        chk.mkdir()
+        mine = sst[a:b]
+        subtasks = []
+        for i in range(2):
+            part = mine[i::2]
+            opts = shared / f"options-{cid}-{i}"
+            opts.write_bytes(b"o" * 128)
+            subtasks.append((part, [(f"OPTIONS-{cid:06d}", opts, 128)]))
+        (chk / "_metadata").write_bytes(metadata_bytes(cid, subtasks, meta_state, trailer))
+    stray = job / "shared"
+    for i in range(orphans):
+        (stray / f"orphan-{i:08d}").write_bytes(b"x")
+    old = time.time() - 30 * 86400  # older than any --older-than margin
+    for dirpath, _dirs, files in os.walk(job):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (old, old))
+    total = sum(len(files) for _d, _s, files in os.walk(job))
+    return job, total
+
+
+def bench_import(fixtures: Path, work: Path, shared_files: int, repeat: int) -> dict[str, Any]:
+    from state_engine.catalog import Catalog
+    from state_engine.catalog.migrate import upgrade
+    from state_engine.flink.import_job import import_flink
+
+    job, files = generate_job(fixtures, work / "import", shared_files, 0)
+    fs = fsspec.filesystem("file")
+
+    def baseline() -> int:
+        listing = fs.find(str(job), detail=True)
+        n = 0
+        for path in listing:
+            if path.endswith("/_metadata"):
+                n += len(fs.cat_file(path))
+        return n
+
+    counter = iter(range(1000))
+
+    def imported() -> Any:
+        url = f"sqlite:///{work / f'import-{next(counter)}.db'}"
+        upgrade(url)
+        with Catalog.open(url) as cat:
+            t = time.perf_counter()
+            report = import_flink(cat, [str(job)], "bench")
+            return time.perf_counter() - t, report
+
+    t_base, _ = best(baseline, repeat)
+    runs = [imported() for _ in range(repeat)]
+    t_imp = min(t for t, _ in runs)
+    return {
+        "files": files,
+        "shared_files": shared_files,
+        "baseline_s": round(t_base, 4),
+        "import_s": round(t_imp, 4),
+        "ratio": round(t_base / t_imp, 3),
+    }
+
+
+def bench_orphans(fixtures: Path, work: Path, total_files: int, repeat: int) -> dict[str, Any]:
+    from state_engine.catalog import Catalog
+    from state_engine.catalog.migrate import upgrade
+    from state_engine.flink.import_job import import_flink
+    from state_engine.flink.retention import run_maintenance
+
+    shared_files = 10_000
+    job, files = generate_job(
+        fixtures, work / "orphans", shared_files, total_files - shared_files - 6 - 3
+    )
+    fs = fsspec.filesystem("file")
+
+    def baseline() -> int:
+        return len(fs.find(str(job), detail=True))
+
+    t_base, listed = best(baseline, repeat)
+    url = f"sqlite:///{work / 'orphans.db'}"
+    upgrade(url)
+    with Catalog.open(url) as cat:
+        import_flink(cat, [str(job)], "bench")
+        counter = iter(range(1000))
+
+        def cleanup() -> dict[str, Any]:
+            return run_maintenance(
+                cat, "orphan_cleanup", None, job="bench", dry_run=True, older_than="1d",
+                run_id=f"bench-orphans-{next(counter)}",
+            )  # fmt: skip
+
+        t_orph, report = best(cleanup, repeat)
+    found = (report.get("deleted") or {}).get(
+        "count", len((report.get("deleted") or {}).get("items", []))
+    )
+    return {
+        "files": listed,
+        "orphans_found": found,
+        "baseline_s": round(t_base, 4),
+        "orphan_cleanup_s": round(t_orph, 4),
+        "ratio": round(t_base / t_orph, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fixtures", type=Path, help="extracted flink-java-dev archive parent")
+    ap.add_argument("--keys", type=int, default=50_000, help="keys in the decoded stream")
+    ap.add_argument("--shared-files", type=int, default=10_000)
+    ap.add_argument("--orphan-files", type=int, default=100_000, help="files in the orphan tree")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-flink-") as tmp:
+        work = Path(tmp)
+        fixtures = args.fixtures
+        if fixtures is None:
+            fixtures = work / "fixtures"
+            with tarfile.open(ARCHIVE / JAVA) as tar:
+                tar.extractall(fixtures, filter="data")
+        results: dict[str, Any] = {"decode": bench_decode(fixtures, work, args.keys, args.repeat)}
+        print(json.dumps({"decode": results["decode"]}), flush=True)
+        for name, fn, size in (
+            ("import", bench_import, args.shared_files),
+            ("orphan_cleanup", bench_orphans, args.orphan_files),
+        ):
+            try:
+                results[name] = fn(fixtures, work, size, args.repeat)
+            except Exception as exc:  # part A's APIs: report, do not hide the other numbers
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500], "ratio": None}
+            print(json.dumps({name: results[name]}), flush=True)
+    targets = [
+        {
+            "name": f"{name}_vs_baseline",
+            "value": results[name].get("ratio"),
+            "op": ">=",
+            "target": 0.5,
+        }
+        for name in ("import", "decode", "orphan_cleanup")
+    ]
+    results["decode_mb_s"] = results["decode"]["decode_mb_s"]
+    results["targets"] = targets
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,597 @@
+"""``statectl flink import``: bring a Flink job's completed snapshots into the catalog, and sync.
+
+Each PATH is one of:
+
+* a job's checkpoint directory ``<checkpoint-dir>/<job-id>`` (``chk-N/``, ``shared/``,
+  ``taskowned/``): every ``chk-N`` with a ``_metadata`` is a completed checkpoint; one without is
+  an aborted or in-flight one and is not imported;
+* one savepoint directory (holding ``_metadata``);
+* a directory of savepoint directories.
+
+One listing per PATH (fsspec ``find``) plus one read per ``_metadata``; handle paths are resolved
+against that listing, so importing costs no per-file I/O. Every completed snapshot becomes a
+COMPLETED catalog snapshot of a job of origin ``flink`` with Flink's checkpoint id, kind, format,
+parallelism and max parallelism; its files (``_metadata`` included) are attached with their roles
+in ``details``; shared RocksDB files are registered once and referenced by every checkpoint that
+uses them; key-group byte sizes are recorded where the handles give offsets.
+
+Running it again syncs: snapshots already imported are left alone, new ones are added, and
+imported snapshots whose ``_metadata`` is gone are marked DISCARDED with the reason. A directory
+belongs to one job (``sk_job_dirs``): importing it under another name is refused before anything
+is written. A crash leaves at most one PENDING snapshot, which the next import completes.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import fsspec.core
+from fsspec import AbstractFileSystem
+
+from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+from state_engine.catalog.records import SnapshotRecord
+from state_engine.errors import (
+    FlinkDirectoryClaimed,
+    FlinkImportError,
+    FlinkJobDirectoryMissing,
+    FlinkMetadataError,
+    NoSuchJob,
+)
+from state_engine.faults import crash_point
+from state_engine.flink.metadata import (
+    INLINE,
+    KEY_GROUPS,
+    METADATA_FILE_NAME,
+    ROLE_SHARED,
+    SAVEPOINT_KEY_GROUPS,
+    FlinkSnapshotMetadata,
+    KeyedStateHandle,
+    metadata_from_bytes,
+    read_metadata,
+)
+
+ROLE_CHECKPOINTS = "flink-checkpoints"
+ROLE_SAVEPOINTS = "flink-savepoints"
+ROLE_SAVEPOINT = "flink-savepoint"
+TRIGGER = "flink-import"
+CHK_DIR = re.compile(r"^chk-(\d+)$")
+JOB_DIR_PARTS = ("shared", "taskowned")
+
+
+@dataclass
+class Listing:
+    """One PATH: its file system, root, role and every file under it (stripped path -> size)."""
+
+    url: str
+    fs: AbstractFileSystem
+    root: str
+    role: str
+    files: dict[str, int]
+    mtimes: dict[str, float] = field(default_factory=dict)
+    _outside: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def _local(self) -> bool:
+        proto = self.fs.protocol
+        return "file" in (proto if isinstance(proto, tuple) else (proto,))
+
+    def _strip(self, location: str) -> str:
+        return self.fs._strip_protocol(location)
+
+    def to_url(self, path: str) -> str:
+        return self.fs.unstrip_protocol(path)
+
+    def exists(self, location: str) -> bool:
+        """Whether ``location`` exists: from the listing under the root, asked elsewhere (a
+        NO_CLAIM restore's ancestor files live outside the job's directory)."""
+        path = location if self._local and location.startswith("/") else self._strip(location)
+        if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
+            return path in self.files
+        if path not in self._outside:
+            self._outside[path] = bool(self.fs.exists(path))
+        return self._outside[path]
+
+    @property
+    def root_url(self) -> str:
+        return self.to_url(self.root)
+
+    def metadata_files(self) -> list[str]:
+        """Paths of the completed snapshots' ``_metadata`` under the root."""
+        out = []
+        for p in self.files:
+            if posixpath.basename(p) != METADATA_FILE_NAME:
+                continue
+            parent = posixpath.dirname(p)
+            depth = _depth(parent, self.root)
+            wanted = {
+                ROLE_SAVEPOINT: depth == 0,
+                ROLE_CHECKPOINTS: depth == 1 and bool(CHK_DIR.match(posixpath.basename(parent))),
+                ROLE_SAVEPOINTS: depth == 1,
+            }
+            if wanted[self.role]:
+                out.append(p)
+        return sorted(out)
+
+
+@dataclass
+class ImportReport:
+    job: str
+    directories: list[str] = field(default_factory=list)
+    added: list[dict[str, Any]] = field(default_factory=list)
+    resumed: list[dict[str, Any]] = field(default_factory=list)
+    unchanged: list[int] = field(default_factory=list)
+    vanished: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: list[str] = field(default_factory=list)
+    missing_directories: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self) -> str:
+        lines = [
+            f"job {self.job}: {len(self.added)} snapshot(s) added, {len(self.resumed)} resumed, "
+            f"{len(self.unchanged)} unchanged, {len(self.vanished)} vanished, "
+            f"{len(self.skipped)} skipped, {len(self.in_flight)} chk-N without _metadata"
+        ]
+        for a in self.added + self.resumed:
+            lines.append(
+                f"  + {a['kind'].lower()} {a['checkpoint_id']} ({a['format'].lower()}): "
+                f"{a['files']} file(s), {a['bytes']} B, snapshot {a['snapshot_id']}"
+                + (f", {a['relocated']} relocated" if a["relocated"] else "")
+            )
+        for v in self.vanished:
+            lines.append(f"  - {v['checkpoint_id']} vanished: {v['location']}")
+        for s in self.skipped:
+            lines.append(f"  ! {s['location']}: {s['reason']}")
+        for d in self.missing_directories:
+            lines.append(f"  ! directory gone: {d}")
+        return "\n".join(lines)
+
+
+def _depth(path: str, root: str) -> int:
+    if path == root:
+        return 0
+    rel = path[len(root.rstrip("/")) + 1 :]
+    return rel.count("/") + 1
+
+
+def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> Listing | None:
+    """List ``url`` once and classify it; None if it does not exist."""
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    root = root.rstrip("/") or "/"
+    if not fs.exists(root):
+        return None
+    if not fs.isdir(root):
+        raise FlinkImportError(
+            f"{url} is a file; give a Flink job's checkpoint directory "
+            "(<checkpoint-dir>/<job-id>), a savepoint directory or a directory of savepoints"
+        )
+    found = fs.find(root, detail=True)
+    files = {p: int(info.get("size") or 0) for p, info in found.items()}
+    mtimes = {p: _mtime(info) for p, info in found.items()}
+    children = {_child(p, root) for p in files}
+    children.discard(None)
+    top_dirs = {
+        c for c in children if c is not None and any(f.startswith(f"{root}/{c}/") for f in files)
+    }
+    if f"{root}/{METADATA_FILE_NAME}" in files:
+        role = ROLE_SAVEPOINT
+    elif any(CHK_DIR.match(c) for c in top_dirs) or top_dirs & set(JOB_DIR_PARTS):
+        role = ROLE_CHECKPOINTS
+    elif any(f"{root}/{c}/{METADATA_FILE_NAME}" in files for c in top_dirs):
+        role = ROLE_SAVEPOINTS
+    else:
+        nested = sorted(
+            {
+                posixpath.dirname(posixpath.dirname(p))
+                for p in files
+                if CHK_DIR.match(posixpath.basename(posixpath.dirname(p)))
+            }
+        )
+        some = ", ".join(fs.unstrip_protocol(n) for n in nested[:3])
+        hint = f"; it holds job directories: import one of {some}" if nested else ""
+        raise FlinkImportError(
+            f"{url} is not a Flink job checkpoint directory (chk-N/, shared/), a savepoint "
+            f"directory (_metadata) or a directory of savepoints{hint}"
+        )
+    return Listing(url, fs, root, role, files, mtimes)
+
+
+def _child(path: str, root: str) -> str | None:
+    rel = path[len(root) + 1 :]
+    head, sep, _ = rel.partition("/")
+    return head if sep else None
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return 0.0
+
+
+def operator_key(uid: str, operator_id: str) -> str:
+    """The catalog's operator uid of a Flink operator: its uid, or its id when it has none."""
+    return uid or operator_id
+
+
+def url_maker(fs: AbstractFileSystem) -> Callable[[str], str]:
+    """``location -> catalog URL`` on ``fs``; local absolute paths without fsspec's per-call cost
+    (tens of thousands of shared files per import)."""
+    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+    def to_url(location: str) -> str:
+        if local and location.startswith("/") and "//" not in location:
+            return "file://" + location
+        return fs.unstrip_protocol(fs._strip_protocol(location))
+
+    return to_url
+
+
+def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileRef]:
+    """Catalog file references of one snapshot: ``_metadata`` and every on-disk handle."""
+    to_url = url_maker(fs)
+
+    refs = [
+        FileRef(
+            path=to_url(meta.metadata_path),
+            size=meta.metadata_size,
+            details={"role": "metadata", "kind": "exclusive"},
+        )
+    ]
+    for r in meta.file_references():
+        h = r.handle
+        assert h.location is not None
+        details: dict[str, Any] = {"role": r.role, "kind": h.kind, "flink_path": h.name}
+        if r.local_path:
+            details["local_path"] = r.local_path
+        if h.relocated:
+            details["relocated"] = True
+        if h.type not in ("file", "relative"):
+            details["handle"] = h.type
+        kg = r.key_groups
+        refs.append(
+            FileRef(
+                path=to_url(h.location),
+                size=h.size,
+                shared=r.role == ROLE_SHARED,
+                operator=_operator_of(meta, r.operator_id),
+                subtask=r.subtask if r.subtask >= 0 else None,
+                key_group_start=kg.start if kg is not None and len(kg) else None,
+                key_group_end=kg.end if kg is not None and len(kg) else None,
+                details=details,
+            )
+        )
+    return refs
+
+
+def metadata_problems(
+    location: str, job_location: str | None, attached: dict[str, int]
+) -> list[str]:
+    """How a Flink snapshot's ``_metadata`` disagrees with the files the catalog attached.
+
+    ``attached``: catalog path -> size. Used by ``statectl verify`` for jobs of origin flink.
+    """
+    fs, _ = fsspec.core.url_to_fs(location)
+    job_dir = (
+        job_location
+        if job_location and location.startswith(job_location.rstrip("/") + "/")
+        else None
+    )
+    meta = read_metadata(location, job_dir=job_dir)
+    expected: dict[str, int] = {}
+    for ref in file_refs(meta, fs):
+        expected.setdefault(ref.path, ref.size)
+    problems = []
+    for path, size in sorted(expected.items()):
+        if path not in attached:
+            problems.append(f"it lists {path}, which the catalog did not attach")
+        elif attached[path] != size:
+            problems.append(f"it records {path} as {size} bytes, the catalog as {attached[path]}")
+    for path in sorted(set(attached) - set(expected)):
+        problems.append(f"the catalog attached {path}, which it does not list")
+    return problems
+
+
+def _operator_of(meta: FlinkSnapshotMetadata, operator_id: str) -> str:
+    for op in meta.operators:
+        if op.operator_id == operator_id:
+            return operator_key(op.uid, op.operator_id)
+    return operator_id
+
+
+def key_group_bytes(h: KeyedStateHandle) -> dict[int, int]:
+    """Bytes per key group of a key-groups handle, from its offsets (0 = no data in canonical)."""
+    if h.type not in (KEY_GROUPS, SAVEPOINT_KEY_GROUPS) or h.delegate is None or not h.offsets:
+        return {}
+    end_of_stream = h.delegate.size if h.delegate.type != INLINE else len(h.delegate.data or b"")
+    present = sorted({o for o in h.offsets if o > 0})
+    nxt = {
+        o: (present[i + 1] if i + 1 < len(present) else end_of_stream)
+        for i, o in enumerate(present)
+    }
+    out = {}
+    for i, off in enumerate(h.offsets):
+        out[h.key_groups.start + i] = max(0, nxt[off] - off) if off > 0 else 0
+    return out
+
+
+_END_OF_KEY_GROUP = 0xFFFF
+
+
+def canonical_rows(h: KeyedStateHandle) -> dict[int, int]:
+    """Records per key group of an uncompressed canonical savepoint stream, by walking its
+    length prefixes (FLINK_FORMAT.md §5.2; nothing is deserialized); {} when compressed or not
+    canonical. A stream that does not parse counts nothing rather than failing the import."""
+    if h.type != SAVEPOINT_KEY_GROUPS or h.delegate is None or not h.offsets:
+        return {}
+    data = h.delegate.read_bytes()
+    # KeyedBackendSerializationProxy: i32 version, bool usingKeyGroupCompression
+    if len(data) < 5 or data[4] != 0:
+        return {}
+    out: dict[int, int] = {}
+    unpack = struct.unpack_from
+    try:
+        for i, off in enumerate(h.offsets):
+            if off <= 0:
+                continue
+            pos, n = off + 2, 0  # i16 kvStateId
+            while True:
+                (klen,) = unpack(">i", data, pos)
+                first = data[pos + 4]
+                pos += 4 + klen
+                (vlen,) = unpack(">i", data, pos)
+                pos += 4 + vlen
+                n += 1
+                if first & 0x80:
+                    (mark,) = unpack(">H", data, pos)
+                    pos += 2
+                    if mark == _END_OF_KEY_GROUP:
+                        break
+            out[h.key_groups.start + i] = n
+    except (struct.error, IndexError):
+        return {}
+    return out
+
+
+def key_group_stats(meta: FlinkSnapshotMetadata) -> list[KeyGroupStatRow]:
+    """Per operator and key group: bytes from the offsets, and records where they can be counted
+    without decoding (uncompressed canonical savepoints; 0 elsewhere)."""
+    sizes: dict[tuple[str, int], int] = {}
+    rows: dict[tuple[str, int], int] = {}
+    for op in meta.operators:
+        uid = operator_key(op.uid, op.operator_id)
+        for st in op.subtasks:
+            if st.managed_keyed_state is None:
+                continue
+            for kg, n in key_group_bytes(st.managed_keyed_state).items():
+                if 0 <= kg < meta.max_parallelism:
+                    sizes[(uid, kg)] = sizes.get((uid, kg), 0) + n
+            for kg, n in canonical_rows(st.managed_keyed_state).items():
+                if 0 <= kg < meta.max_parallelism:
+                    rows[(uid, kg)] = rows.get((uid, kg), 0) + n
+    return [
+        KeyGroupStatRow(uid, kg, rows.get((uid, kg), 0), n)
+        for (uid, kg), n in sorted(sizes.items())
+    ]
+
+
+def _catalog_parallelism(meta: FlinkSnapshotMetadata) -> tuple[int, int]:
+    # Subtask indexes of every operator must fit, and key groups of every keyed operator.
+    p = max([op.parallelism for op in meta.operators] or [1])
+    max_p = max([meta.max_parallelism, p])
+    return p, max_p
+
+
+def _summary(
+    snap: SnapshotRecord, refs: list[FileRef], meta: FlinkSnapshotMetadata
+) -> dict[str, Any]:
+    return {
+        "snapshot_id": snap.id,
+        "checkpoint_id": snap.checkpoint_id,
+        "kind": snap.kind,
+        "format": snap.format,
+        "location": snap.location,
+        "files": len({r.path for r in refs}),
+        "bytes": snap.bytes,
+        "relocated": sum(1 for r in refs if r.details and r.details.get("relocated")),
+        "inline_handles": len(meta.inline_handles),
+    }
+
+
+def import_flink(
+    catalog: Catalog,
+    paths: list[str],
+    job: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+) -> ImportReport:
+    """Import or sync the Flink directories ``paths`` as catalog job ``job`` (see module doc)."""
+    if not paths:
+        raise FlinkImportError("name at least one Flink checkpoint or savepoint directory")
+    report = ImportReport(job)
+    known_dirs: dict[str, str] = {}
+    try:
+        known_dirs = dict(catalog.job_directories(job))
+    except NoSuchJob:
+        known_dirs = {}
+    listings: list[Listing] = []
+    for url in paths:
+        listing = list_directory(url, storage_options)
+        if listing is None:
+            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+            root_url = fs.unstrip_protocol(root.rstrip("/"))
+            if root_url in known_dirs:
+                report.missing_directories.append(root_url)
+                continue
+            raise FlinkJobDirectoryMissing(
+                f"{url} does not exist; give an existing Flink checkpoint or savepoint directory"
+            )
+        owner = catalog.directory_owner(listing.root_url)
+        if owner is not None and owner != job:
+            # Checked before anything is written: the catalog stays as it was.
+            raise FlinkDirectoryClaimed(
+                f"{listing.root_url} was already imported as job {owner!r}; one directory belongs "
+                f"to one job: sync it with `statectl flink import {url} --job {owner}` instead"
+            )
+        listings.append(listing)
+        report.directories.append(listing.root_url)
+
+    # Parse every _metadata before writing anything: a corrupt one fails the import cleanly.
+    found: list[tuple[Listing, FlinkSnapshotMetadata]] = []
+    ckpt_dirs = [lst.root for lst in listings if lst.role == ROLE_CHECKPOINTS]
+    for listing in listings:
+        for mpath in listing.metadata_files():
+            try:
+                data = listing.fs.cat_file(mpath)
+            except FileNotFoundError:
+                continue  # subsumed by a running job since the listing: no longer a snapshot
+            job_dir = (
+                listing.root
+                if listing.role == ROLE_CHECKPOINTS
+                else (ckpt_dirs[0] if ckpt_dirs else None)
+            )
+            exists = listing.exists
+
+            try:
+                meta = metadata_from_bytes(bytes(data), mpath, job_dir=job_dir, exists=exists)
+            except FlinkMetadataError as exc:
+                raise FlinkMetadataError(f"{exc}; nothing was imported") from None
+            found.append((listing, meta))
+        if listing.role == ROLE_CHECKPOINTS:
+            for p in listing.files:
+                parent = posixpath.dirname(p)
+                if (
+                    posixpath.dirname(parent) == listing.root
+                    and CHK_DIR.match(posixpath.basename(parent))
+                    and f"{parent}/{METADATA_FILE_NAME}" not in listing.files
+                ):
+                    url = listing.to_url(parent)
+                    if url not in report.in_flight:
+                        report.in_flight.append(url)
+    if not found and not known_dirs and not report.missing_directories:
+        raise FlinkImportError(
+            f"no completed Flink snapshot (a chk-N or savepoint directory with a _metadata) under "
+            f"{', '.join(paths)}; nothing was imported"
+        )
+
+    max_p = max((_catalog_parallelism(m)[1] for _, m in found), default=None)
+    try:
+        record = catalog.get_job(job)
+    except NoSuchJob:
+        record = None
+    if record is None:
+        location = next((lst.root_url for lst in listings if lst.role == ROLE_CHECKPOINTS), None)
+        record = catalog.register_job(
+            job,
+            max_parallelism=max_p or 128,
+            location=location or (listings[0].root_url if listings else None),
+            properties={"flink": {"directories": report.directories}},
+            origin="flink",
+        )
+    elif record.origin != "flink":
+        raise FlinkImportError(
+            f"job {job!r} is a Statekeeper job, not a Flink one; import the Flink directories "
+            "under another job name"
+        )
+    for listing in listings:
+        catalog.claim_directory(job, listing.root_url, listing.role)
+
+    existing = {s.checkpoint_id: s for s in catalog.list_snapshots(job)}
+    present_locations: set[str] = set()
+    for listing, meta in sorted(found, key=lambda lm: lm[1].checkpoint_id):
+        location = listing.to_url(meta.directory)
+        present_locations.add(location)
+        prior = existing.get(meta.checkpoint_id)
+        if prior is not None and prior.location != location:
+            report.skipped.append(
+                {
+                    "checkpoint_id": meta.checkpoint_id,
+                    "location": location,
+                    "reason": f"checkpoint id {meta.checkpoint_id} is already snapshot "
+                    f"{prior.id} at {prior.location} (another run of the job?); import it under "
+                    "another job name",
+                }
+            )
+            continue
+        if prior is not None and prior.status != "PENDING":
+            if prior.status == "COMPLETED":
+                report.unchanged.append(prior.checkpoint_id)
+            else:
+                report.skipped.append(
+                    {
+                        "checkpoint_id": meta.checkpoint_id,
+                        "location": location,
+                        "reason": f"snapshot {prior.id} is {prior.status} in the catalog",
+                    }
+                )
+            continue
+        missing = sorted(h.location or h.name for h in meta.files().values() if not h.exists)
+        if missing and prior is None:
+            # Not restorable as it is: reported, not imported (a later sync imports it once the
+            # files are back).
+            report.skipped.append(
+                {
+                    "checkpoint_id": meta.checkpoint_id,
+                    "location": location,
+                    "reason": f"{len(missing)} file(s) its _metadata references are missing "
+                    f"(e.g. {missing[0]}); not imported",
+                    "missing": missing,
+                }
+            )
+            continue
+        refs = file_refs(meta, listing.fs)
+        stats = key_group_stats(meta)
+        parallelism, snap_max_p = _catalog_parallelism(meta)
+        if prior is None:
+            snap = catalog.begin_snapshot(
+                job,
+                location=location,
+                parallelism=parallelism,
+                kind=meta.kind.upper(),
+                format=meta.format.upper(),
+                checkpoint_id=meta.checkpoint_id,
+                max_parallelism=snap_max_p,
+                trigger=TRIGGER,
+            )
+            resumed = False
+        else:
+            snap, resumed = prior, True
+        # One attach call per snapshot: after a crash its files are all attached or none.
+        if not resumed or not catalog.snapshot_files(snap.id, limit=1):
+            catalog.attach_files(snap.id, refs)
+        crash_point("flink.import.after_attach")
+        if stats and (not resumed or not catalog.key_group_stats(snap.id)):
+            catalog.record_key_group_stats(snap.id, stats)
+        snap = catalog.complete_snapshot(snap.id, snap.version, entries=sum(r.rows for r in stats))
+        (report.resumed if resumed else report.added).append(_summary(snap, refs, meta))
+        crash_point("flink.import.after_complete")
+
+    # Snapshots imported from these directories whose _metadata is gone: mark them.
+    roots = [lst.root_url for lst in listings] + report.missing_directories
+    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+        if snap.location in present_locations:
+            continue
+        if not any(
+            snap.location == r or snap.location.startswith(r.rstrip("/") + "/") for r in roots
+        ):
+            continue
+        catalog.discard_snapshot(
+            snap.id,
+            error=f"its directory {snap.location} (or its _metadata) vanished; seen at import",
+        )
+        report.vanished.append(
+            {"snapshot_id": snap.id, "checkpoint_id": snap.checkpoint_id, "location": snap.location}
+        )
+    return report

@@ -1,0 +1,446 @@
+"""Expire and orphan cleanup on Flink directories: plain Python over fsspec, under the job's lease.
+
+``statectl maintain expire`` / ``maintain orphan_cleanup`` dispatch here for jobs of origin
+``flink`` (see :func:`flink_runner`); no Spark starts. Both are recorded maintenance runs
+(:func:`state_engine.jobs.run.maintenance_job`) holding the job's file lease while they delete,
+and both delete in the order forget-in-the-catalog, then delete-from-storage.
+
+Expire (``--retain-last N``, ``--savepoint ID_OR_NAME``): the COMPLETED checkpoints older than the
+newest N are DISCARDED; then every file of the job no retained snapshot references any more
+(``live_refs`` = 0: the discarded checkpoints' ``_metadata``, exclusive files and RocksDB private
+files, and exactly the shared files no retained checkpoint or savepoint uses) is forgotten and
+deleted, and the emptied ``chk-N`` directories removed. Savepoints are expired only when named.
+
+Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
+and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
+now (not only the imported ones: a checkpoint Flink wrote since the last import is respected) and
+from the catalog's retained snapshots; ``chk-N`` directories without ``_metadata`` (aborted or in
+flight) are orphans too. Files are matched by full path, never by base name. A file modified
+after the cut-off is never touched (a live job's checkpoint in flight). Files a snapshot
+references outside the job's directories (a NO_CLAIM restore's ancestor) are reported under
+``foreign_references`` and never deleted.
+
+The ``--json`` report names every file deleted (or, with ``--dry-run``, that would be) under
+``deleted.items``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import fsspec.core
+
+from state_engine.catalog import Catalog
+from state_engine.checkpoint.storage import remove_empty_dirs
+from state_engine.errors import FlinkJobDirectoryMissing, FlinkMetadataError, InvalidJobParams
+from state_engine.faults import crash_point
+from state_engine.flink.import_job import (
+    CHK_DIR,
+    ROLE_CHECKPOINTS,
+    file_refs,
+    url_maker,
+)
+from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
+from state_engine.jobs.deletion import (
+    THREADS,
+    FileLease,
+    delete_urls,
+    forget_and_delete,
+    hooks,
+    parse_cutoff,
+    resolve_job,
+    wait_seconds,
+)
+from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+EXPIRE = "expire"
+ORPHAN_CLEANUP = "orphan_cleanup"
+DEFAULT_OLDER_THAN = "3d"
+JOB_SUBDIRS = ("shared", "taskowned")
+
+
+def is_flink_job(catalog: Catalog, job: Any) -> bool:
+    """Whether ``job`` names a catalog job of origin flink (False for unknown names)."""
+    if not isinstance(job, str) or not job:
+        return False
+    try:
+        return catalog.get_job(job).origin == "flink"
+    except Exception:  # noqa: BLE001 - NoSuchJob and friends: not a Flink job; the job says so
+        return False
+
+
+def _deleted(items: list[str]) -> dict[str, Any]:
+    return {"count": len(items), "items": items}
+
+
+def checkpoint_dirs(catalog: Catalog, job: str) -> list[str]:
+    """URLs of the job's imported checkpoint directories (``<checkpoint-dir>/<job-id>``)."""
+    return [p for p, role in catalog.job_directories(job) if role == ROLE_CHECKPOINTS]
+
+
+def _under(url: str, roots: list[str]) -> bool:
+    return any(url.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def disk_checkpoints(catalog: Catalog, job: str) -> dict[str, dict[str, int]]:
+    """Every ``chk-N`` with a ``_metadata`` under the job's checkpoint directories, read now:
+    its location URL -> the files it references (URL -> size), ``_metadata`` included."""
+    out: dict[str, dict[str, int]] = {}
+    for root_url in checkpoint_dirs(catalog, job):
+        fs, root = fsspec.core.url_to_fs(root_url)
+        root = root.rstrip("/")
+        for path in sorted(fs.glob(f"{root}/chk-*/{METADATA_FILE_NAME}")):
+            out[fs.unstrip_protocol(posixpath.dirname(path))] = _refs_of(fs, path, root)
+    return out
+
+
+def _refs_of(fs: Any, path: str, root: str, files: set[str] | None = None) -> dict[str, int]:
+    def exists(loc: str) -> bool:
+        stripped = fs._strip_protocol(loc)
+        if files is not None and stripped.startswith(root + "/"):
+            return stripped in files
+        return bool(fs.exists(stripped))  # outside the listing (a NO_CLAIM ancestor's file)
+
+    try:
+        meta = metadata_from_bytes(bytes(fs.cat_file(path)), path, job_dir=root, exists=exists)
+    except FlinkMetadataError as exc:
+        raise FlinkMetadataError(
+            f"{exc}; nothing was deleted (a checkpoint that cannot be read might reference any "
+            "file)"
+        ) from None
+    return {r.path: r.size for r in file_refs(meta, fs)}
+
+
+# --- expire ---
+
+
+@dataclass
+class ExpirePlan:
+    expired: list[Any] = field(default_factory=list)  # SnapshotRecords to discard
+    files: dict[str, int] = field(default_factory=dict)  # URL -> size, inside the job's dirs
+    foreign: list[str] = field(default_factory=list)  # released, outside: reported, kept
+    dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
+
+
+def _expire_plan(
+    catalog: Catalog, job: str, retain_last: int | None, savepoints: list[str], dirs: list[str]
+) -> ExpirePlan:
+    plan = ExpirePlan()
+    completed = catalog.list_snapshots(job, status="COMPLETED")
+    checkpoints = sorted(
+        (s for s in completed if s.kind == "CHECKPOINT"), key=lambda s: -s.checkpoint_id
+    )
+    if retain_last is not None:
+        plan.expired.extend(checkpoints[retain_last:])
+    by_name = {posixpath.basename(s.location.rstrip("/")): s for s in completed}
+    for want in savepoints:
+        snap = next((s for s in completed if str(s.id) == str(want)), None) or by_name.get(
+            str(want)
+        )
+        if snap is None or snap.kind != "SAVEPOINT":
+            raise InvalidJobParams(
+                f"--savepoint {want!r} is not a COMPLETED savepoint of Flink job {job!r} (give "
+                "its snapshot id or directory name; `statectl snapshots JOB` lists them)"
+            )
+        plan.expired.append(snap)
+    expired_ids = {s.id for s in plan.expired}
+    retained = [
+        s
+        for s in catalog.list_snapshots(job, status=["COMPLETED", "PENDING"])
+        if s.id not in expired_ids
+    ]
+    live: set[str] = set()
+    for s in retained:
+        live.update(f.path for f in catalog.snapshot_files(s.id))
+    dead = {s.location for s in plan.expired}
+    dead |= {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    on_disk = disk_checkpoints(catalog, job)
+    for location, refs in on_disk.items():
+        if location not in dead:
+            live.update(refs)  # a checkpoint Flink wrote since the last import pins its files
+    candidates: dict[str, int] = {}
+    for s in plan.expired:
+        for f in catalog.snapshot_files(s.id):
+            candidates[f.path] = f.size
+    # What an earlier, interrupted expire released (or forgot) but did not delete yet.
+    for f in catalog.releasable_files(job):
+        candidates.setdefault(f.path, f.size)
+    for location, refs in on_disk.items():
+        if location in dead:
+            for url, size in refs.items():
+                candidates.setdefault(url, size)
+    candidates = {u: n for u, n in candidates.items() if u not in live}
+    plan.dead_dirs = sorted(d for d in dead if _under(d, dirs))
+    for url, size in sorted(candidates.items()):
+        if _under(url, dirs):
+            plan.files[url] = size
+        else:
+            plan.foreign.append(url)
+    return plan
+
+
+def expire_body(
+    spark: SparkSession | None,
+    catalog: Catalog,
+    ctx: RunContext,
+    *,
+    job: str,
+    retain_last: int | None = None,
+    savepoints: list[str] | None = None,
+    older_than: Any = None,
+    dry_run: bool = False,
+    wait: Any = False,
+    threads: int = THREADS,
+    **_: Any,
+) -> JobResult:
+    """Expire old checkpoints (and named savepoints) of a Flink job; see the module doc."""
+    if older_than is not None:
+        raise InvalidJobParams(
+            "--older-than is not supported for Flink jobs (the catalog does not know when Flink "
+            "completed a checkpoint); use --retain-last N and --savepoint"
+        )
+    if retain_last is None and not savepoints:
+        raise InvalidJobParams("say what to expire: --retain-last N and/or --savepoint ID_OR_NAME")
+    if retain_last is not None and (not isinstance(retain_last, int) or retain_last < 1):
+        raise InvalidJobParams(f"--retain-last {retain_last!r}: keep at least 1 checkpoint")
+    dirs = [p for p, _ in catalog.job_directories(job)]
+    if dry_run:
+        plan = _expire_plan(catalog, job, retain_last, list(savepoints or []), dirs)
+        return JobResult(stats=_expire_stats(plan, True, sorted(plan.files), 0))
+    with FileLease(catalog, job, EXPIRE, ctx.run_id, wait=wait_seconds(wait)) as lease:
+        plan = _expire_plan(catalog, job, retain_last, list(savepoints or []), dirs)
+        hooks.call("after_plan", EXPIRE, job)
+        for snap in plan.expired:
+            lease.check()
+            catalog.discard_snapshot(snap.id)
+        crash_point("flink.expire.after_discard")
+        done = forget_and_delete(catalog, lease, plan.files, threads=threads)
+        removed = remove_empty_dirs(
+            [posixpath.dirname(u) for u in done.paths] + plan.dead_dirs,
+            dirs,
+            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+        )
+    return JobResult(
+        bytes_in=sum(plan.files.values()),
+        stats={**_expire_stats(plan, False, done.paths, done.bytes), "dirs_removed": removed},
+    )
+
+
+def _expire_stats(plan: ExpirePlan, dry_run: bool, deleted: list[str], nbytes: int) -> dict:
+    return {
+        "dry_run": dry_run,
+        "origin": "flink",
+        "expired": [
+            {"snapshot_id": s.id, "checkpoint_id": s.checkpoint_id, "kind": s.kind}
+            for s in plan.expired
+        ],
+        "files_deleted": 0 if dry_run else len(deleted),
+        "bytes_deleted": nbytes,
+        "would_delete_bytes": sum(plan.files.values()),
+        "foreign_kept": plan.foreign,
+        "deleted": _deleted(list(deleted)),
+    }
+
+
+# --- orphan cleanup ---
+
+
+@dataclass
+class OrphanPlan:
+    listed: int = 0
+    orphans: dict[str, int] = field(default_factory=dict)  # URL -> size
+    too_new: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    in_flight: list[str] = field(default_factory=list)  # chk-N without _metadata
+    referenced: int = 0
+
+
+def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) -> OrphanPlan:
+    plan = OrphanPlan()
+    own = [p for p, _ in catalog.job_directories(job)]
+    # an expired checkpoint whose _metadata survived a crash pins nothing
+    dead = {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    referenced: set[str] = set(catalog.live_paths(job))
+    listed: dict[str, tuple[int, float]] = {}
+    for root_url in dirs:
+        fs, root = fsspec.core.url_to_fs(root_url)
+        root = root.rstrip("/")
+        if not fs.exists(root):
+            raise FlinkJobDirectoryMissing(
+                f"the checkpoint directory {root_url} of Flink job {job!r} is gone; nothing was "
+                "deleted (re-import the job to mark its snapshots vanished)"
+            )
+        to_url = url_maker(fs)
+        found = fs.find(root, detail=True)
+        files = set(found)
+        skip = len(root) + 1
+        heads: dict[str, bool] = {}  # first path component -> Flink's to clean?
+        chk_heads: set[str] = set()
+        for path, info in found.items():
+            head, sep, _ = path[skip:].partition("/")
+            if not sep:
+                continue  # a file directly in the job directory: not Flink's
+            keep = heads.get(head)
+            if keep is None:
+                is_chk = bool(CHK_DIR.match(head))
+                keep = heads[head] = head in JOB_SUBDIRS or is_chk
+                if is_chk:
+                    chk_heads.add(head)
+            if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
+                mtime = info.get("mtime")
+                if not isinstance(mtime, int | float):
+                    mtime = _mtime(info)
+                listed[to_url(path)] = (info.get("size") or 0, mtime)
+        # Every completed checkpoint on disk now, imported or not, pins its files.
+        for head in sorted(chk_heads):
+            path = f"{root}/{head}/{METADATA_FILE_NAME}"
+            if path not in files:
+                plan.in_flight.append(to_url(f"{root}/{head}"))
+            elif to_url(f"{root}/{head}") not in dead:
+                referenced.update(_refs_of(fs, path, root, files))
+    plan.listed = len(listed)
+    plan.referenced = len(referenced)
+    plan.foreign = sorted(u for u in referenced if not _under(u, own))
+    limit = cutoff.timestamp()
+    orphans = []
+    for url, (_size, mtime) in listed.items():
+        if url in referenced:
+            continue
+        if mtime >= limit:
+            plan.too_new.append(url)
+        else:
+            orphans.append(url)
+    orphans.sort()
+    plan.too_new.sort()
+    plan.orphans = {u: int(listed[u][0]) for u in orphans}
+    return plan
+
+
+def _empty_chk_dirs(dirs: list[str], cutoff: datetime) -> list[str]:
+    """Empty ``chk-N`` directories last modified before the cut-off (an earlier run emptied
+    them; a newer empty one may be a checkpoint Flink just started)."""
+    out = []
+    limit = cutoff.timestamp()
+    for root_url in dirs:
+        fs, root = fsspec.core.url_to_fs(root_url)
+        for info in fs.ls(root.rstrip("/"), detail=True):
+            name = posixpath.basename(info["name"].rstrip("/"))
+            if info.get("type") != "directory" or not CHK_DIR.match(name):
+                continue
+            if _mtime(info) < limit and not fs.ls(info["name"], detail=False):
+                out.append(fs.unstrip_protocol(info["name"]))
+    return out
+
+
+def _head(path: str, root: str) -> str:
+    return path[len(root) + 1 :].split("/", 1)[0] if path.startswith(root + "/") else ""
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, int | float):
+            return float(value)
+        if value is not None and hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return time.time()  # unknown age: treat as new, never delete
+
+
+def orphan_body(
+    spark: SparkSession | None,
+    catalog: Catalog,
+    ctx: RunContext,
+    *,
+    job: str,
+    older_than: Any = DEFAULT_OLDER_THAN,
+    dry_run: bool = False,
+    wait: Any = False,
+    threads: int = THREADS,
+    **_: Any,
+) -> JobResult:
+    """Delete unreferenced files under a Flink job's checkpoint directories; see the module doc."""
+    cutoff = parse_cutoff(older_than, datetime.fromtimestamp(time.time(), UTC))
+    dirs = checkpoint_dirs(catalog, job)
+    if not dirs:
+        raise InvalidJobParams(
+            f"Flink job {job!r} has no imported checkpoint directory; orphan cleanup works on "
+            "<checkpoint-dir>/<job-id> directories (savepoint directories are never cleaned)"
+        )
+    if dry_run:
+        plan = _orphan_plan(catalog, job, dirs, cutoff)
+        return JobResult(stats=_orphan_stats(plan, cutoff, True, sorted(plan.orphans), 0, 0))
+    with FileLease(catalog, job, ORPHAN_CLEANUP, ctx.run_id, wait=wait_seconds(wait)) as lease:
+        plan = _orphan_plan(catalog, job, dirs, cutoff)
+        hooks.call("after_plan", ORPHAN_CLEANUP, job)
+        known = catalog.known_paths(job)
+        in_catalog = {u: n for u, n in plan.orphans.items() if u in known}
+        unknown = [u for u in plan.orphans if u not in known]
+        done = forget_and_delete(catalog, lease, in_catalog, threads=threads)
+        lease.check()
+        gone = delete_urls(unknown, threads=threads)
+        crash_point("flink.orphan_cleanup.after_delete")
+        deleted = sorted(set(done.paths) | gone)
+        removed = remove_empty_dirs(
+            [posixpath.dirname(u) for u in deleted] + _empty_chk_dirs(dirs, cutoff),
+            dirs,
+            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+        )
+    nbytes = sum(plan.orphans[u] for u in deleted)
+    return JobResult(
+        bytes_in=sum(plan.orphans.values()),
+        stats={**_orphan_stats(plan, cutoff, False, deleted, nbytes, removed)},
+    )
+
+
+def _orphan_stats(
+    plan: OrphanPlan, cutoff: datetime, dry_run: bool, deleted: list[str], nbytes: int, dirs: int
+) -> dict[str, Any]:
+    return {
+        "dry_run": dry_run,
+        "origin": "flink",
+        "cutoff": cutoff.isoformat(),
+        "files_listed": plan.listed,
+        "files_referenced": plan.referenced,
+        "orphans": len(plan.orphans),
+        "orphan_bytes": sum(plan.orphans.values()),
+        "files_deleted": 0 if dry_run else len(deleted),
+        "bytes_deleted": nbytes,
+        "dirs_removed": dirs,
+        "too_new": plan.too_new,
+        "checkpoints_without_metadata": plan.in_flight,
+        "foreign_references": plan.foreign,
+        "deleted": _deleted(list(deleted)),
+    }
+
+
+flink_expire = maintenance_job(EXPIRE, resolve_job)(expire_body)
+flink_orphan_cleanup = maintenance_job(ORPHAN_CLEANUP, resolve_job)(orphan_body)
+RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
+    EXPIRE: flink_expire,
+    ORPHAN_CLEANUP: flink_orphan_cleanup,
+}
+
+
+def flink_runner(catalog: Catalog, kind: str, params: dict[str, Any]) -> Callable | None:
+    """The Flink runner of maintenance ``kind`` if ``params["job"]`` is a Flink job, else None."""
+    if kind not in RUNNERS or not is_flink_job(catalog, params.get("job")):
+        return None
+    return RUNNERS[kind]
+
+
+def run_maintenance(catalog: Catalog, kind: str, settings: Any = None, **params: Any) -> dict:
+    """Run ``kind`` on a Flink job; the report's ``deleted`` is also at its top level."""
+    runner = RUNNERS[kind]
+    report = runner(None, catalog, settings=settings, **params)
+    stats = report.get("stats") or {}
+    if "deleted" in stats:
+        report = {**report, "deleted": stats["deleted"]}
+    return report

@@ -1,0 +1,89 @@
+"""Flink fixtures: the two real Flink 2.3 snapshot archives, extracted once per test session.
+
+``flink_fixtures`` is a read-only tree (never modify it); tests that delete or plant files take a
+private copy with ``flink_copy``. The archives stay in ``/work/shared/flink`` (or
+``STATEKEEPER_FLINK_FIXTURES``); they are never copied into the repository.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ARCHIVE_DIR = Path(os.environ.get("STATEKEEPER_FLINK_FIXTURES", "/work/shared/flink"))
+JAVA_ARCHIVE = "flink-java-dev.tar.gz"
+PYFLINK_ARCHIVE = "flink-2.3-pyflink-snapshots.tar.gz"
+
+JAVA_ROCKS_JOB = "0cf791d2fa2585d18b369593e6ac454d"
+JAVA_HASHMAP_JOB = "24b66efa530da662b5ea2fccfbe5c4b7"
+PY_ROCKS_JOB = "92444c5a6956ad1f4e7301b84f30217c"
+PY_HASHMAP_JOB = "5914b5bc33e17d723e41702377437184"
+
+
+@dataclass(frozen=True)
+class FlinkFixtures:
+    """The extracted archives: ``java`` = ``flink-java-dev/``, ``pyflink`` = the PyFlink tree."""
+
+    root: Path
+    java: Path
+    pyflink: Path
+
+    def java_job(self, backend: str) -> Path:
+        """``<checkpoint-dir>/<job-id>`` of the Java job for ``rocksdb`` or ``hashmap``."""
+        job = JAVA_ROCKS_JOB if backend == "rocksdb" else JAVA_HASHMAP_JOB
+        return self.java / backend / "checkpoints" / job
+
+    def java_savepoints(self, backend: str) -> Path:
+        return self.java / backend / "savepoints"
+
+    def py_job(self, backend: str) -> Path:
+        """``<checkpoint-dir>/<job-id>`` of the PyFlink job for ``rocks`` or ``hashmap``."""
+        job = PY_ROCKS_JOB if backend == "rocks" else PY_HASHMAP_JOB
+        return self.pyflink / backend / "checkpoints" / job
+
+
+def _extract(archive: Path, into: Path) -> None:
+    if not archive.exists():
+        pytest.skip(f"Flink fixture archive {archive} is missing (set STATEKEEPER_FLINK_FIXTURES)")
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+
+
+@pytest.fixture(scope="session")
+def flink_fixtures(tmp_path_factory: pytest.TempPathFactory) -> FlinkFixtures:
+    root = tmp_path_factory.mktemp("flink-fixtures")
+    _extract(ARCHIVE_DIR / JAVA_ARCHIVE, root / "java")
+    _extract(ARCHIVE_DIR / PYFLINK_ARCHIVE, root / "pyflink")
+    return FlinkFixtures(root, root / "java" / "flink-java-dev", root / "pyflink")
+
+
+@pytest.fixture
+def flink_copy(flink_fixtures: FlinkFixtures, tmp_path: Path) -> Callable[[Path], Path]:
+    """Copy a subtree of the fixtures (mtimes kept) into this test's tmp dir; returns the copy."""
+
+    def copy(src: Path) -> Path:
+        rel = src.relative_to(flink_fixtures.root)
+        dst = tmp_path / "copy" / rel
+        shutil.copytree(src, dst, copy_function=shutil.copy2)
+        return dst
+
+    return copy
+
+
+# The catalog fixtures of tests/catalog (a SQLite file and the real PostgreSQL, each empty at
+# head): the Flink import and retention tests run on both databases.
+from catalog.conftest import (  # noqa: E402,F401
+    catalog,
+    catalog_url,
+    clock,
+    make_pg_database,
+    pg_catalog_url,
+    sqlite_template,
+)

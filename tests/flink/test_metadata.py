@@ -1,0 +1,298 @@
+"""The ``_metadata`` reader on the real Flink 2.3 fixtures, and on broken input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from state_engine.errors import (
+    FlinkMetadataError,
+    FlinkPathEscapes,
+    UnsupportedFlinkMetadataVersion,
+)
+from state_engine.flink import metadata as md
+from state_engine.flink.javaser import decode_modified_utf8
+from state_engine.flink.metadata import metadata_from_bytes, read_metadata
+
+from .conftest import FlinkFixtures
+
+KIND = {
+    "checkpoint": ("checkpoint", "native"),
+    "savepoint-canonical": ("savepoint", "canonical"),
+    "savepoint-native": ("savepoint", "native"),
+}
+
+
+def _java_snapshots(fx: FlinkFixtures) -> list[tuple[str, dict]]:
+    manifest = json.loads((fx.java / "manifest.json").read_text())
+    return [
+        (backend, snap) for backend, b in manifest["backends"].items() for snap in b["snapshots"]
+    ]
+
+
+def test_java_fixture_every_snapshot_matches_the_manifest(flink_fixtures: FlinkFixtures) -> None:
+    snaps = _java_snapshots(flink_fixtures)
+    assert len(snaps) == 10
+    for backend, snap in snaps:
+        m = read_metadata(str(flink_fixtures.java / snap["path"]))
+        where = f"{backend} {snap['path']}"
+        assert m.version == 6, where
+        assert m.checkpoint_id == snap["checkpoint_id"], where
+        assert (m.kind, m.format) == KIND[snap["kind"]], where
+        assert m.metadata_size == snap["metadata_bytes"], where
+        files = m.files()
+        assert len(files) == snap["referenced_files"], where
+        assert m.referenced_bytes == snap["referenced_bytes"], where
+        assert all(h.exists for h in files.values()), where
+        inline = m.inline_handles
+        assert (len(inline), sum(h.size for h in inline)) == (
+            snap["inline_handles"],
+            snap["inline_bytes"],
+        ), where
+        assert (m.parallelism, m.max_parallelism) == (2, 128)
+        agg = m.operator("agg")
+        assert agg.operator_id == "96eed58e350a66c179f06330f5425345"
+        assert agg.name == "aggregate"
+        assert [s.key_groups for s in agg.subtasks] == [
+            md.KeyGroupRange(0, 63),
+            md.KeyGroupRange(64, 127),
+        ]
+        handle_type = {
+            "KeyGroupsSavepointStateHandle": md.SAVEPOINT_KEY_GROUPS,
+            "KeyGroupsStateHandle": md.KEY_GROUPS,
+            "IncrementalRemoteKeyedStateHandle": md.INCREMENTAL,
+        }[snap["keyed_handle_type"]]
+        assert {h.type for s in agg.subtasks for h in s.keyed_handles} == {handle_type}
+        assert {op.uid for op in m.operators} == {"txn-source", "agg", "sink"}
+
+
+# PyFlink archive, FLINK_FORMAT.md §4 table: (dir, id, kind, format, files, bytes, inline handles).
+PY_SNAPSHOTS = [
+    (
+        "rocks/checkpoints/92444c5a6956ad1f4e7301b84f30217c/chk-2",
+        2,
+        "checkpoint",
+        "native",
+        8,
+        443_918,
+        19,
+    ),
+    (
+        "rocks/checkpoints/92444c5a6956ad1f4e7301b84f30217c/chk-3",
+        3,
+        "checkpoint",
+        "native",
+        14,
+        1_009_677,
+        19,
+    ),
+    (
+        "rocks/checkpoints/92444c5a6956ad1f4e7301b84f30217c/chk-5",
+        5,
+        "checkpoint",
+        "native",
+        16,
+        1_413_188,
+        17,
+    ),
+    (
+        "rocks/savepoints-canonical/savepoint-92444c-91ea7d0af903",
+        4,
+        "savepoint",
+        "canonical",
+        2,
+        2_016_616,
+        7,
+    ),
+    (
+        "rocks/savepoints-native/savepoint-92444c-e1bf658f2800",
+        6,
+        "savepoint",
+        "native",
+        12,
+        940_042,
+        15,
+    ),
+    (
+        "hashmap/checkpoints/5914b5bc33e17d723e41702377437184/chk-2",
+        2,
+        "checkpoint",
+        "native",
+        2,
+        417_410,
+        7,
+    ),
+    (
+        "hashmap/checkpoints/5914b5bc33e17d723e41702377437184/chk-3",
+        3,
+        "checkpoint",
+        "native",
+        2,
+        1_179_752,
+        7,
+    ),
+    (
+        "hashmap/checkpoints/5914b5bc33e17d723e41702377437184/chk-5",
+        5,
+        "checkpoint",
+        "native",
+        2,
+        1_840_212,
+        7,
+    ),
+    (
+        "hashmap/savepoints-canonical/savepoint-5914b5-61153e3fe0a8",
+        4,
+        "savepoint",
+        "canonical",
+        2,
+        2_117_961,
+        7,
+    ),
+    (
+        "hashmap/savepoints-native/savepoint-5914b5-08e3ded7d15f",
+        6,
+        "savepoint",
+        "native",
+        2,
+        1_840_212,
+        7,
+    ),
+]
+
+
+@pytest.mark.parametrize(("rel", "cid", "kind", "fmt", "nfiles", "nbytes", "ninline"), PY_SNAPSHOTS)
+def test_pyflink_fixture_snapshots(
+    flink_fixtures: FlinkFixtures,
+    rel: str,
+    cid: int,
+    kind: str,
+    fmt: str,
+    nfiles: int,
+    nbytes: int,
+    ninline: int,
+) -> None:
+    m = read_metadata(str(flink_fixtures.pyflink / rel))
+    assert (m.checkpoint_id, m.kind, m.format) == (cid, kind, fmt)
+    assert (len(m.files()), m.referenced_bytes, len(m.inline_handles)) == (nfiles, nbytes, ninline)
+    assert all(h.exists for h in m.files().values())
+    assert m.operator("mapper").name == "Map, _stream_key_by_map_operator"
+    assert m.operator("agg").name == "KEYED PROCESS"
+
+
+def test_rocksdb_checkpoint_shared_files_are_relocated_and_roles_classified(
+    flink_fixtures: FlinkFixtures,
+) -> None:
+    job = flink_fixtures.java_job("rocksdb")
+    m = read_metadata(str(job / "chk-11"))
+    refs = m.file_references()
+    assert refs and all(r.handle.relocated and r.handle.kind == md.KIND_SHARED for r in refs)
+    assert all(r.handle.location.startswith(str(job / "shared") + "/") for r in refs)
+    assert all(
+        r.handle.name.startswith("file:/tmp/javaflink/runs/dev-rocks/data/checkpoints/")
+        for r in refs
+    )
+    roles = {r.role for r in refs}
+    assert roles <= {md.ROLE_SHARED, md.ROLE_PRIVATE}
+    private = [r for r in refs if r.role == md.ROLE_PRIVATE]
+    assert private and all(r.local_path.startswith("OPTIONS-") for r in private)
+    # Inline handles carry a would-be file name that does not exist and bytes that do.
+    inline = [r for r in m.references() if r.handle.inline]
+    assert inline and all(
+        r.handle.location is None and len(r.handle.data or b"") == r.handle.size for r in inline
+    )
+    metas = [r for r in m.references() if r.role == md.ROLE_META]
+    assert len(metas) == 2 and all(r.handle.read_bytes()[:4] == b"\x00\x00\x00\x06" for r in metas)
+
+
+def test_keyed_handles_give_key_group_offsets(flink_fixtures: FlinkFixtures) -> None:
+    m = read_metadata(str(flink_fixtures.java_job("hashmap") / "chk-8" / "_metadata"))
+    for st_ in m.operator("agg").subtasks:
+        h = st_.managed_keyed_state
+        assert h is not None and h.type == md.KEY_GROUPS and len(h.offsets) == 64
+        assert (
+            h.delegate is not None
+            and h.delegate.type == md.RELATIVE
+            and h.delegate.kind == md.KIND_EXCLUSIVE
+        )
+        # Heap snapshots write every key group in order, each starting with its own id.
+        data = h.delegate.read_bytes()
+        assert len(data) == h.delegate.size
+        for kg in h.key_groups:
+            off = h.offset_of(kg)
+            assert struct.unpack(">i", data[off : off + 4])[0] == kg
+
+
+def test_modified_utf8() -> None:
+    assert decode_modified_utf8(b"abc") == "abc"
+    assert decode_modified_utf8(b"a\xc0\x80b") == "a\x00b"
+    # U+1F355 (pizza) as two 3-byte encoded surrogates, as Java's writeUTF writes it.
+    assert decode_modified_utf8("\ud83c\udf55".encode("utf-8", "surrogatepass")) == "\U0001f355"
+
+
+@pytest.fixture(scope="module")
+def small_metadata(flink_fixtures: FlinkFixtures) -> tuple[bytes, str]:
+    p = flink_fixtures.java_job("hashmap") / "chk-8" / "_metadata"
+    return p.read_bytes(), str(p)
+
+
+def test_every_truncation_is_a_specific_error(small_metadata: tuple[bytes, str]) -> None:
+    data, path = small_metadata
+    metadata_from_bytes(data, path)
+    for n in range(len(data)):
+        with pytest.raises(FlinkMetadataError) as exc:
+            metadata_from_bytes(data[:n], path)
+        msg = str(exc.value)
+        assert path in msg and "byte offset" in msg and "expected" in msg, (n, msg)
+
+
+def test_trailing_bytes_foreign_file_and_unknown_versions(
+    small_metadata: tuple[bytes, str],
+) -> None:
+    data, path = small_metadata
+    with pytest.raises(FlinkMetadataError, match="the end of the file, found 1 more bytes"):
+        metadata_from_bytes(data + b"\x00", path)
+    with pytest.raises(FlinkMetadataError, match="byte offset 0 expected the magic number"):
+        metadata_from_bytes(b"PK\x03\x04" + data[4:], path)
+    for version in (0, 1, 2, 7, 99):
+        with pytest.raises(UnsupportedFlinkMetadataVersion, match=f"metadata version {version}"):
+            metadata_from_bytes(data[:4] + struct.pack(">i", version) + data[8:], path)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    position=st.integers(min_value=0, max_value=10_000), bit=st.integers(min_value=0, max_value=7)
+)
+def test_bit_flips_parse_or_fail_cleanly(
+    small_metadata: tuple[bytes, str], position: int, bit: int
+) -> None:
+    """A flipped bit lands in data the format cannot check or is a FlinkMetadataError, no crash."""
+    data, path = small_metadata
+    position %= len(data)
+    flipped = bytearray(data)
+    flipped[position] ^= 1 << bit
+    with contextlib.suppress(FlinkMetadataError, FlinkPathEscapes):
+        metadata_from_bytes(bytes(flipped), path)
+
+
+def test_relative_handle_escaping_the_snapshot_dir_is_refused(
+    small_metadata: tuple[bytes, str], tmp_path: Path
+) -> None:
+    data, path = small_metadata
+    m = metadata_from_bytes(data, path)
+    name = next(r.handle.name for r in m.file_references() if r.handle.type == md.RELATIVE)
+    evil_name = ("../" + name)[: len(name)]  # same length keeps every offset valid
+    forged = data.replace(name.encode(), evil_name.encode())
+    with pytest.raises(FlinkPathEscapes, match="not a bare file name"):
+        metadata_from_bytes(forged, path)
+
+
+def test_missing_metadata_file(tmp_path: Path) -> None:
+    with pytest.raises(FlinkMetadataError, match="no such _metadata file"):
+        read_metadata(str(tmp_path / "chk-1"))

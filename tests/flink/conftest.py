@@ -78,12 +78,12 @@ def flink_copy(flink_fixtures: FlinkFixtures, tmp_path: Path) -> Callable[[Path]
 
 
 # The catalog fixtures of tests/catalog (a SQLite file and the real PostgreSQL, each empty at
-# head): the Flink import and retention tests run on both databases.
+# head): the Flink import and retention tests run on both databases. (make_pg_database comes
+# from tests/conftest.py.)
 from catalog.conftest import (  # noqa: E402,F401
     catalog,
     catalog_url,
     clock,
-    make_pg_database,
     pg_catalog_url,
     sqlite_template,
 )

@@ -19,12 +19,17 @@ from state_engine.runtime import (
 )
 from state_engine.state import MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 
-PARTITIONS, PER_PARTITION = 2, 600
+PARTITIONS, PER_PARTITION = 2, 1000
+FRESH_PER_PARTITION, HOT_USERS = 200, 5
 DAY_MS = 86_400_000
 
 
 def click(partition: int, index: int, rng: random.Random) -> dict[str, Any]:
-    user, page = f"u{rng.randrange(40):02d}", rng.choice("abcde")
+    # Many users once at first, then a few hot ones: heap delta checkpoints stay small next to
+    # their base, so the chain grows (a chain rebases once its deltas outweigh its base).
+    fresh = index < FRESH_PER_PARTITION
+    user = f"u{partition}-{index:03d}" if fresh else f"hot{rng.randrange(HOT_USERS)}"
+    page = rng.choice("abcde")
     return {"user": user, "page": page, "ts": 1_700_000_000_000 + 100 * index}
 
 

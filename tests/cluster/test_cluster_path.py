@@ -31,7 +31,7 @@ from state_engine.catalog import Catalog
 from state_engine.runtime import CollectedOutput, CollectSink, JobRunner
 
 JOB = "clicks"
-EVERY, KILL_AT = 150, 800
+EVERY, KILL_AT = 300, 1700
 TERMINAL = {"success", "failed"}
 
 
@@ -247,12 +247,12 @@ def test_state_show_reads_a_snapshot_on_s3_with_spark_on_the_cluster(stack, cata
     env = base_env({**stack.env, "STATEKEEPER_SPARK_MASTER": stack.spark.master_url})
     done = subprocess.run(
         [str(Path(sys.executable).with_name("statectl")), "state", "show", str(latest.id),
-         "--key", "u07", "--state", "count", "--json", "--spark"],
+         "--key", "hot1", "--state", "count", "--json", "--spark"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     [row] = json.loads(done.stdout)
-    assert row["key"] == "u07" and row["state"] == "count" and int(row["value"]) > 0
+    assert row["key"] == "hot1" and row["state"] == "count" and int(row["value"]) > 100
 
 
 def test_every_application_ran_on_the_master_and_the_objects_it_wrote(stack, catalog) -> None:

@@ -250,6 +250,8 @@ class CheckpointManager:
         kind_ = self._check_kind(kind, savepoint_dir)
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
+        if fmt is SnapshotFormat.DELTA:
+            self._check_tracking(subtasks)
         self.notify_checkpoint_complete()
         incremental = (
             kind_ is SnapshotKind.CHECKPOINT
@@ -387,6 +389,19 @@ class CheckpointManager:
                     )
         self.parallelism = p
         return p
+
+    def _check_tracking(self, subtasks: Sequence[SubtaskState]) -> None:
+        # Without change tracking every "delta" would be a full base recorded as DELTA: a silent
+        # full checkpoint each time. Refused before a snapshot is reserved, so nothing is written.
+        for st in subtasks:
+            for uid, b in st.keyed.items():
+                if not is_native(b) and not getattr(b, "track_changes", False):
+                    raise InvalidSnapshotRequest(
+                        f"delta checkpoints of job {self.job!r} need change tracking, but the "
+                        f"heap backend of operator {uid!r}, subtask {st.subtask_index} has none: "
+                        "create it with HeapBackendFactory(track_changes=True) (the JobRunner "
+                        "does so for checkpoint_format='delta'), or use format 'canonical'"
+                    )
 
     def _begin(
         self,

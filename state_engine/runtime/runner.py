@@ -150,6 +150,13 @@ class JobRunner:
         started = time.perf_counter()
         job, p = self.job, self.parallelism
         factory = job.backend if job.backend is not None else HeapBackendFactory()
+        if (
+            job.checkpoint_format == "delta"
+            and isinstance(factory, HeapBackendFactory)
+            and not factory.track_changes
+        ):
+            # a delta checkpoint is the changes since the last one: the heap must record them
+            factory = HeapBackendFactory(track_changes=True)
         restored: list[SubtaskState] | None = None
         if self.catalog is not None and self.storage is not None:
             self.manager = CheckpointManager(

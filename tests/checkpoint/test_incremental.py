@@ -12,6 +12,7 @@ from jobstate import apply, close, factory, make_job, observe
 
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
+from state_engine.errors import InvalidSnapshotRequest
 
 KEYS = [f"user-{i}" for i in range(10_000)]
 
@@ -99,4 +100,19 @@ def test_an_unknown_leftover_sst_in_shared_is_never_reused(catalog, storage, tmp
         )
         assert observe(restored.subtasks, KEYS[:2000]) == observe(job, KEYS[:2000])
         close(restored.subtasks)
+    close(job)
+
+
+def test_delta_on_a_heap_without_change_tracking_is_refused_before_anything_is_written(
+    catalog, storage, tmp_path: Path
+):
+    job = make_job("heap", tmp_path, 2)  # no track_changes: every "delta" would be a full base
+    apply(job, KEYS[:50])
+    with manager(catalog, storage, "delta") as m:
+        with pytest.raises(InvalidSnapshotRequest, match="track_changes=True"):
+            m.trigger(job)
+        assert catalog.list_snapshots(m.job) == []
+        assert list(storage.list_files("job")) == []
+        # a savepoint is canonical whatever the format, so it needs no tracking
+        assert m.trigger(job, kind="SAVEPOINT").result().format == "CANONICAL"
     close(job)

@@ -118,6 +118,7 @@ class _Job:
     parent: SnapshotRecord | None
     ctx: WriteContext
     stats: SnapshotStats = field(default_factory=SnapshotStats)
+    catalog_totals: tuple[int, int] = (0, 0)  # bytes of the attached files, entries recorded
     committed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the forked child writing the files (heap views on local storage), started at the barrier
@@ -493,7 +494,10 @@ class CheckpointManager:
                 job.committed = True
             write_metadata(job.snapshot, None, meta)
             crash_point("checkpoint.after_metadata")
-            record = self.catalog.complete_snapshot(job.record.id, job.record.version)
+            total_bytes, entries = job.catalog_totals
+            record = self.catalog.complete_snapshot(
+                job.record.id, job.record.version, bytes=total_bytes, entries=entries
+            )
             crash_point("checkpoint.after_complete")
         except BaseException as exc:
             if job.committed and self._completed_in_catalog(job.record.id):
@@ -694,7 +698,6 @@ class CheckpointManager:
                 details={"kind": METADATA_FILE},
             )
         )
-        self.catalog.attach_files(job.record.id, refs)
         stats: list[KeyGroupStatRow] = []
         for uid in sorted({r.operator_uid for r in results}):
             merged: dict[int, KeyGroupStats] = {}
@@ -704,7 +707,13 @@ class CheckpointManager:
             stats.extend(
                 KeyGroupStatRow(uid, kg, s.rows, s.bytes) for kg, s in sorted(merged.items())
             )
-        self.catalog.record_key_group_stats(job.record.id, stats)
+        # one catalog transaction for both
+        with self.catalog.batch():
+            self.catalog.attach_files(job.record.id, refs)
+            self.catalog.record_key_group_stats(job.record.id, stats)
+        # what complete_snapshot would otherwise sum up again in SQL
+        sizes = {r.path: r.size for r in refs}
+        job.catalog_totals = (sum(sizes.values()), sum(s.rows for s in stats))
         job.stats.bytes_written = sum(r.bytes_written for r in results) + sum(
             by_path[p].size for op in meta.operators for p in op.operator_state_files
         )
@@ -738,9 +747,12 @@ class CheckpointManager:
             drop = owned[self.retained :]
             for r in drop:
                 self._owned.pop(r.id, None)
-        for r in drop:
-            with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-                self.catalog.subsume_snapshot(r.id)
+        if not drop:
+            return
+        with self.catalog.batch():
+            for r in drop:
+                with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
+                    self.catalog.subsume_snapshot(r.id)
 
     def collect_garbage(self) -> list[str]:
         """Delete the job's files the catalog calls releasable (no retained snapshot uses them)

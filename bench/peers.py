@@ -20,7 +20,11 @@ with uv: ``bytewax==0.21.1``, ``quixstreams==3.28.1``, never the project's depen
 interleaved, figures are medians; every run's final state (per-key counts, sums and merchant maps;
 the fraud job's alert multiset) is compared with Statekeeper's, and a mismatch fails the bench.
 
-    .venv/bin/python bench/peers.py [--quick] [--rounds N] [--only NAME,...]
+    .venv/bin/python bench/peers.py [--quick] [--rounds N] [--only NAME,...] [--baseline DIR]
+
+``--baseline DIR`` (a tree of an earlier commit, e.g. ``git archive <commit> | tar -x -C DIR``)
+adds that tree's Statekeeper runs to the same rounds; ``vs_baseline`` is records/s now over
+records/s then (restores: seconds now over seconds then).
 
 Prints one JSON object on its last line.
 """
@@ -524,6 +528,22 @@ def configs(records: int) -> list[Config]:
     return c
 
 
+BASELINE = ("sk-heap-off", "sk-heap-delta", "fraud-sk-heap-off", "fraud-sk-heap-delta",
+            "sk-rocks-inc", "restore-sk-heap", "restore-sk-rocks")  # fmt: skip
+
+
+def baseline_configs(todo: list[Config], tree: Path) -> list[Config]:
+    """The same Statekeeper runs on an earlier tree (its bench/peers.py runs the child)."""
+    script = tree / "bench" / "peers.py"
+    if not script.exists():
+        raise SystemExit(f"--baseline {tree}: no bench/peers.py there; pass a Statekeeper tree")
+    return [
+        Config("base:" + c.name, c.system, c.workload, **c.spec, script=str(script))
+        for c in todo
+        if c.name in BASELINE
+    ]
+
+
 def _p2_job() -> dict[str, Any]:
     """Process mode for parallelism 2 when the runtime has it (see the runner's ``processes``)."""
     sys.path.insert(0, str(REPO))
@@ -539,9 +559,10 @@ def measure(cfg: Config, data_file: Path, n: int, kill_at: int, python: Path, tm
     spec = {"system": cfg.system, "workload": cfg.workload, "data": str(data_file),
             "work": str(work), **cfg.spec}  # fmt: skip
     restore = spec.pop("restore", False)
+    script = spec.pop("script", str(HERE))
 
     def run(extra: dict[str, Any]) -> dict[str, Any]:
-        proc = subprocess.run([py, str(HERE), "--child", json.dumps({**spec, **extra})],
+        proc = subprocess.run([py, script, "--child", json.dumps({**spec, **extra})],
                               capture_output=True, text=True, cwd=REPO)  # fmt: skip
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
@@ -567,6 +588,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="30,000 records, 1,000 keys, 2 rounds")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--only", default=None, help="comma-separated config names")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="a checkout of an earlier Statekeeper (e.g. `git archive` of a commit): its "
+        "Statekeeper configurations run interleaved as base:<name>, for a before/after ratio",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
@@ -588,6 +615,8 @@ def main() -> None:
             with open(files[wl], "wb") as f:
                 pickle.dump(d, f, protocol=pickle.HIGHEST_PROTOCOL)
         todo = configs(n)
+        if args.baseline:
+            todo += baseline_configs(todo, Path(args.baseline))
         if args.only:
             wanted = set(args.only.split(","))
             todo = [c for c in todo if c.name in wanted]
@@ -669,6 +698,13 @@ def report(todo: list[Config], n: int, keys: int, rounds: int, quick: bool) -> N
             "fraud_heap_off_vs_bytewax_off": ratio("fraud-sk-heap-off", "fraud-bytewax-off", rate),
             "fraud_heap_delta_vs_quix": ratio("fraud-sk-heap-delta", "fraud-quix-10k", rate),
             "rocksdb_off_vs_quix": ratio("sk-rocks-off", "quix-10k", rate),
+        },
+        "vs_baseline": {
+            c.name[5:]: ratio(
+                c.name[5:], c.name, secs if c.name.startswith("base:restore") else rate
+            )  # fmt: skip
+            for c in todo
+            if c.name.startswith("base:")
         },
         "state_mismatches": mismatches,
         "targets": targets,

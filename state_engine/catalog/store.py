@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -96,6 +97,7 @@ class Store:
         # Writers start with BEGIN IMMEDIATE on SQLite (see engine.py); no effect on PostgreSQL.
         self._writer = engine.execution_options(**{BEGIN_MODE: "IMMEDIATE"})
         self._clock = clock or utcnow
+        self._batch = threading.local()  # this thread's open batch() session, if any
 
     def now(self) -> datetime:
         now = self._clock()
@@ -104,7 +106,34 @@ class Store:
         return now.astimezone(UTC)
 
     @contextmanager
+    def batch(self) -> Iterator[None]:
+        """The catalog calls this thread makes inside the block form one write transaction:
+        all of them commit at its end, or none (an exception rolls every one back).
+
+        For a caller that makes several calls in a row (a checkpoint's file attach and key-group
+        stats): one BEGIN/COMMIT instead of one per call. Keep the block free of slow work (no
+        file I/O): it holds the writer lock. A nested batch joins the outer one.
+        """
+        if getattr(self._batch, "session", None) is not None:
+            yield
+            return
+        with (
+            self._translate(),
+            Session(self._writer, expire_on_commit=False) as session,
+            session.begin(),
+        ):
+            self._batch.session = session
+            try:
+                yield
+            finally:
+                self._batch.session = None
+
+    @contextmanager
     def _write(self) -> Iterator[Session]:
+        outer = getattr(self._batch, "session", None)
+        if outer is not None:
+            yield outer
+            return
         with (
             self._translate(),
             Session(self._writer, expire_on_commit=False) as session,
@@ -114,6 +143,10 @@ class Store:
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
+        outer = getattr(self._batch, "session", None)
+        if outer is not None:
+            yield outer  # inside a batch a read sees the batch's own writes
+            return
         with (
             self._translate(),
             Session(self.engine, expire_on_commit=False) as session,

@@ -117,10 +117,11 @@ def fold(
     The result is sorted by key group, then identity (deterministic, so two folds of the same
     chain compare equal).
     """
-    live: dict[tuple[int, bytes, bytes, str], dict[bytes | None, StateEntry]] = {}
+    # Rows are kept as they come (StateEntry or plain tuples) and made StateEntry only if they
+    # survive the fold: most PUTs of a long chain are overwritten by a later delta.
+    live: dict[tuple[int, bytes, bytes, str], dict[bytes | None, Sequence[Any]]] = {}
     for row in base_rows:
-        entry = StateEntry._make(row)
-        live.setdefault(entry[0:1] + entry[2:5], {})[entry.user_key] = entry
+        live.setdefault((row[0], row[2], row[3], row[4]), {})[row[5]] = row
     for position, delta in enumerate(deltas, start=1):
         rows = list(delta)
         bad = [r for r in rows if len(r) != len(DELTA_SCHEMA)]
@@ -132,7 +133,7 @@ def fold(
         for row in sorted(rows, key=lambda r: r[9]):  # stable: equal seq keeps file order
             group = (row[0], row[2], row[3], row[4])
             if row[8] == PUT:
-                live.setdefault(group, {})[row[5]] = StateEntry._make(row[:8])
+                live.setdefault(group, {})[row[5]] = row
             elif row[8] == DELETE:
                 held = live.get(group)
                 if held is not None:
@@ -146,7 +147,15 @@ def fold(
                     f"delta {position} of the chain has op {row[8]!r}; use PUT ({PUT}), "
                     f"DELETE ({DELETE}) or CLEAR ({CLEAR})"
                 )
-    return sorted((e for held in live.values() for e in held.values()), key=_sort_key)
+    make = StateEntry._make
+    return sorted(
+        (
+            e if type(e) is StateEntry else make(e[:8])
+            for held in live.values()
+            for e in held.values()
+        ),
+        key=_sort_key,
+    )
 
 
 def _sort_key(e: StateEntry) -> tuple[Any, ...]:
@@ -187,7 +196,8 @@ def read_folded(
     yield from fold(base_rows, deltas)
 
 
-def _delta_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[DeltaEntry]:
+def _delta_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[Any, ...]]:
+    # plain tuples in DeltaEntry's field order: fold reads them by position
     for batch in batches:
         cols = [batch.column(name).to_pylist() for name in DELTA_SCHEMA.names]
-        yield from map(DeltaEntry._make, zip(*cols, strict=True))
+        yield from zip(*cols, strict=True)

@@ -2,9 +2,10 @@
 
 Per (operator, subtask) the manager keeps the chain of the last confirmed checkpoint: its base
 files and its deltas, all under ``shared/`` so later checkpoints reference them. A checkpoint
-writes either a new base (no chain yet, the chain holds ``full_every`` deltas, or the backend was
-replaced) from a full view, or one delta from an incremental view: every changed (state, key,
-namespace) as a CLEAR followed by PUTs of its complete current rows (see :mod:`delta`).
+writes either a new base (no chain yet, the chain holds ``full_every`` deltas or deltas as large
+as its base, or the backend was replaced) from a full view, or one delta from an incremental
+view: every changed (state, key, namespace) as a CLEAR followed by PUTs of its complete current
+rows (see :mod:`delta`).
 
 The backend forgets changes only on ``confirm_view``, which runs on the task thread
 (``notify_checkpoint_complete``) after the checkpoint completed; the changes of a failed or
@@ -45,6 +46,14 @@ class Chain:
     @property
     def files(self) -> list[SnapshotFile]:
         return [*self.base, *(f for d in self.deltas for f in d)]
+
+    @property
+    def base_bytes(self) -> int:
+        return sum(f.size for f in self.base)
+
+    @property
+    def delta_bytes(self) -> int:
+        return sum(f.size for d in self.deltas for f in d)
 
 
 class DeltaCapture(Capture):
@@ -142,7 +151,11 @@ class DeltaSnapshotStrategy(SnapshotStrategy):
             or chain is None
             or chain.backend_id != id(backend)
             or len(chain.deltas) >= self.manager.full_every
+            or chain.delta_bytes >= chain.base_bytes
         ):
+            # A new base also once the deltas outweigh their base: when most keys change
+            # between checkpoints each delta is nearly the whole state, and a restore (or a
+            # compaction) would read the state once per link of the chain.
             chain = None
         view = backend.snapshot_view(incremental=chain is not None)  # type: ignore[call-arg]
         return DeltaCapture(operator_uid, subtask_index, backend, view, chain)

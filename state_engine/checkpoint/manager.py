@@ -118,6 +118,7 @@ class _Job:
     parent: SnapshotRecord | None
     ctx: WriteContext
     stats: SnapshotStats = field(default_factory=SnapshotStats)
+    catalog_totals: tuple[int, int] = (0, 0)  # bytes of the attached files, entries recorded
     committed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the forked child writing the files (heap views on local storage), started at the barrier
@@ -250,6 +251,8 @@ class CheckpointManager:
         kind_ = self._check_kind(kind, savepoint_dir)
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
+        if fmt is SnapshotFormat.DELTA:
+            self._check_tracking(subtasks)
         self.notify_checkpoint_complete()
         incremental = (
             kind_ is SnapshotKind.CHECKPOINT
@@ -388,6 +391,19 @@ class CheckpointManager:
         self.parallelism = p
         return p
 
+    def _check_tracking(self, subtasks: Sequence[SubtaskState]) -> None:
+        # Without change tracking every "delta" would be a full base recorded as DELTA: a silent
+        # full checkpoint each time. Refused before a snapshot is reserved, so nothing is written.
+        for st in subtasks:
+            for uid, b in st.keyed.items():
+                if not is_native(b) and not getattr(b, "track_changes", False):
+                    raise InvalidSnapshotRequest(
+                        f"delta checkpoints of job {self.job!r} need change tracking, but the "
+                        f"heap backend of operator {uid!r}, subtask {st.subtask_index} has none: "
+                        "create it with HeapBackendFactory(track_changes=True) (the JobRunner "
+                        "does so for checkpoint_format='delta'), or use format 'canonical'"
+                    )
+
     def _begin(
         self,
         kind: SnapshotKind,
@@ -478,7 +494,10 @@ class CheckpointManager:
                 job.committed = True
             write_metadata(job.snapshot, None, meta)
             crash_point("checkpoint.after_metadata")
-            record = self.catalog.complete_snapshot(job.record.id, job.record.version)
+            total_bytes, entries = job.catalog_totals
+            record = self.catalog.complete_snapshot(
+                job.record.id, job.record.version, bytes=total_bytes, entries=entries
+            )
             crash_point("checkpoint.after_complete")
         except BaseException as exc:
             if job.committed and self._completed_in_catalog(job.record.id):
@@ -679,7 +698,6 @@ class CheckpointManager:
                 details={"kind": METADATA_FILE},
             )
         )
-        self.catalog.attach_files(job.record.id, refs)
         stats: list[KeyGroupStatRow] = []
         for uid in sorted({r.operator_uid for r in results}):
             merged: dict[int, KeyGroupStats] = {}
@@ -689,7 +707,13 @@ class CheckpointManager:
             stats.extend(
                 KeyGroupStatRow(uid, kg, s.rows, s.bytes) for kg, s in sorted(merged.items())
             )
-        self.catalog.record_key_group_stats(job.record.id, stats)
+        # one catalog transaction for both
+        with self.catalog.batch():
+            self.catalog.attach_files(job.record.id, refs)
+            self.catalog.record_key_group_stats(job.record.id, stats)
+        # what complete_snapshot would otherwise sum up again in SQL
+        sizes = {r.path: r.size for r in refs}
+        job.catalog_totals = (sum(sizes.values()), sum(s.rows for s in stats))
         job.stats.bytes_written = sum(r.bytes_written for r in results) + sum(
             by_path[p].size for op in meta.operators for p in op.operator_state_files
         )
@@ -723,9 +747,12 @@ class CheckpointManager:
             drop = owned[self.retained :]
             for r in drop:
                 self._owned.pop(r.id, None)
-        for r in drop:
-            with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-                self.catalog.subsume_snapshot(r.id)
+        if not drop:
+            return
+        with self.catalog.batch():
+            for r in drop:
+                with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
+                    self.catalog.subsume_snapshot(r.id)
 
     def collect_garbage(self) -> list[str]:
         """Delete the job's files the catalog calls releasable (no retained snapshot uses them)

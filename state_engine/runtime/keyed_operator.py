@@ -122,14 +122,20 @@ class KeyedProcessOperator:
         self._ctx = _Context(self)
         self.timers_fired = 0
         function.open(_RuntimeContext(self, parallelism))
+        # Bound once, after open() registered the states (the backend may have specialised its
+        # set_current_key by then); a later rebinding is equivalent (see the backend).
+        self._set_key = backend.set_current_key
+        self._process = function.process
 
     def process(self, key: Any, record: Any, timestamp: int) -> None:
-        self.backend.set_current_key(key)
+        self._set_key(key)
         if self._observe is not None:
             self._observe(timestamp)
         ctx = self._ctx
-        ctx._key, ctx._ts, ctx._domain = key, timestamp, None
-        self.function.process(record, ctx)
+        ctx._key = key
+        ctx._ts = timestamp
+        ctx._domain = None
+        self._process(record, ctx)
 
     def advance_watermark(self, watermark: int) -> None:
         """Fire the event-time timers the watermark passed (Flink fires ``ts <= watermark``)."""

@@ -9,6 +9,7 @@ and the output and final state do not depend on the parallelism.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ from state_engine.state.ttl import Clock, SystemClock
 
 if TYPE_CHECKING:
     from state_engine.catalog import Catalog, SnapshotRecord
+
+#: Keys whose subtask the runner remembers (a dict hit instead of hashing the key per record).
+ROUTE_CACHE_SIZE = 1 << 16
 
 
 @dataclass
@@ -88,6 +92,7 @@ class _Subtask:
         )
 
     def prepare_snapshot(self, barrier: int) -> SubtaskState:
+        self.reader.sync_offsets()
         self.writer.prepare_commit(barrier)
         return SubtaskState(
             subtask_index=self.index,
@@ -150,6 +155,13 @@ class JobRunner:
         started = time.perf_counter()
         job, p = self.job, self.parallelism
         factory = job.backend if job.backend is not None else HeapBackendFactory()
+        if (
+            job.checkpoint_format == "delta"
+            and isinstance(factory, HeapBackendFactory)
+            and not factory.track_changes
+        ):
+            # a delta checkpoint is the changes since the last one: the heap must record them
+            factory = HeapBackendFactory(track_changes=True)
         restored: list[SubtaskState] | None = None
         if self.catalog is not None and self.storage is not None:
             self.manager = CheckpointManager(
@@ -250,47 +262,77 @@ class JobRunner:
     def _pump(self, limit: int | None) -> bool:
         """Process records until ``limit`` (True: limit reached) or the end of input (False)."""
         started = time.perf_counter()
+        try:
+            return self._pump_records(limit)
+        finally:
+            self._timings["run_s"] += time.perf_counter() - started
+
+    def _pump_records(self, limit: int | None) -> bool:
+        # The per-record path: everything loop-invariant is a local, the route of a key is a
+        # dict hit after its first record, and the watermark is recomputed only when a source
+        # subtask's watermark moved. Order and semantics are those of one record at a time.
         job, p = self.job, self.parallelism
         max_p = job.max_parallelism
         key_of = job.key_selector
         readers = [s.reader for s in self.subtasks]
         operators = [s.operator for s in self.subtasks]
         marks = [r.watermarks for r in readers]
+        polls = [(r, r.next_record, r.watermarks) for r in readers]
+        one_reader = len(readers) == 1
+        single = operators[0] if p == 1 else None
+        route: dict[Any, KeyedProcessOperator] = {}
         coordinator = self.coordinator
-        check_at = self._records_in
+        n = self._records_in
+        check_at = n if coordinator is not None else sys.maxsize
+        stop = sys.maxsize if limit is None else limit
+        wm_now = self._watermark
+        late = 0
+        # the processing-time timer heaps (lists kept in place): a truth test per step
+        proc = [(o.timers.processing._heap, o) for o in operators]
         try:
             while True:
                 progressed = False
-                for reader in readers:
-                    if limit is not None and self._records_in >= limit:
+                for reader, next_record, wmarks in polls:
+                    if n >= stop:
                         return True
                     if reader.finished:
                         continue
-                    rec = reader.poll()
-                    if rec is not None:
+                    got = next_record()
+                    if got is not None:
                         progressed = True
-                        key = key_of(rec.value)
-                        op = operators[assign_to_key_group(key, max_p) * p // max_p]
-                        if rec.timestamp <= self._watermark:
-                            self._late += 1
-                        op.process(key, rec.value, rec.timestamp)
-                        self._records_in += 1
-                    wm = combined_watermark(marks)
-                    if wm > self._watermark:
-                        self._watermark = wm
-                        for o in operators:
-                            o.advance_watermark(wm)
-                    for o in operators:
-                        o.fire_processing_timers()
-                    if coordinator is not None and self._records_in >= check_at:
-                        coordinator.poll()
-                        if coordinator.due(self._records_in):
-                            coordinator.trigger(self._records_in)
-                        check_at = coordinator.next_check(self._records_in)
+                        value, ts = got
+                        key = key_of(value)
+                        op = single
+                        if op is None:
+                            op = route.get(key)
+                            if op is None:
+                                op = operators[assign_to_key_group(key, max_p) * p // max_p]
+                                if len(route) >= ROUTE_CACHE_SIZE:
+                                    route.clear()
+                                route[key] = op
+                        if ts <= wm_now:
+                            late += 1
+                        op.process(key, value, ts)
+                        n += 1
+                    if wmarks._dirty or got is None:
+                        wm = marks[0].current if one_reader else combined_watermark(marks)
+                        if wm > wm_now:
+                            wm_now = self._watermark = wm
+                            for o in operators:
+                                o.advance_watermark(wm)
+                    for heap, o in proc:
+                        if heap:
+                            o.fire_processing_timers()
+                    if n >= check_at:
+                        coordinator.poll()  # type: ignore[union-attr]
+                        if coordinator.due(n):  # type: ignore[union-attr]
+                            coordinator.trigger(n)  # type: ignore[union-attr]
+                        check_at = coordinator.next_check(n)  # type: ignore[union-attr]
                 if not progressed:
                     return False
         finally:
-            self._timings["run_s"] += time.perf_counter() - started
+            self._records_in = n
+            self._late += late
 
     def _end_of_input(self) -> None:
         """Flink's end of input: the max watermark fires every event-time timer, then a final
@@ -384,6 +426,7 @@ class JobRunner:
 
     def operator_state(self, subtask: int) -> Sequence[OperatorStateBackend]:
         s = self.subtasks[subtask]
+        s.reader.sync_offsets()
         return (s.source_state, s.sink_state)
 
     # --- shutdown ---

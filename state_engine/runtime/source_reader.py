@@ -1,7 +1,9 @@
 """One source subtask: the partitions it reads, their offsets (operator state) and its watermark.
 
 Offsets are a SPLIT list state through :class:`SourceOffsets`, so after a restore at any
-parallelism each partition is read by exactly one subtask, from its checkpointed offset.
+parallelism each partition is read by exactly one subtask, from its checkpointed offset. While
+records flow they are plain ints in a dict; :meth:`SourceReader.sync_offsets` writes them into the
+operator state in the snapshot's synchronous phase only, as Flink's source readers do.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class SourceReader:
         self._next = 0
         self.records_read = 0
         self.records_skipped = 0
+        # next offset per partition since the last sync_offsets (plain ints: no state write
+        # per record)
+        self._pos: dict[str, int] = {}
+        #: the partition of the record :meth:`next_record` returned last
+        self.partition = ""
         for partition in self.offsets.partitions():
             self._activate(partition)
 
@@ -62,42 +69,68 @@ class SourceReader:
 
     def poll(self) -> SourceRecord | None:
         """The next record of the next partition in turn; None once every partition has ended."""
-        while self._active:
-            if self._next >= len(self._active):
-                self._next = 0
-            partition = self._active[self._next]
+        got = self.next_record()
+        if got is None:
+            return None
+        return SourceRecord(got[0], got[1], self.partition)
+
+    def next_record(self) -> tuple[Any, int] | None:
+        """:meth:`poll` without the record object: ``(value, timestamp)``, its partition in
+        :attr:`partition`; None once every partition has ended."""
+        active = self._active
+        while active:
+            i = self._next
+            if i >= len(active):
+                i = 0
+            partition = active[i]
             reader = self._readers[partition]
             if reader is None:
-                reader = self.source.open(partition, self.offsets.offset(partition))
+                reader = self.source.open(partition, self.offset(partition))
                 self._readers[partition] = reader
             raw = next(reader, None)
             if raw is None:
+                self._next = i
                 self._finish(partition)
                 continue
-            self.offsets.advance(partition, raw.next_offset)
-            ts: int | None = None
-            error = raw.error
-            if error is None:
+            self._pos[partition] = raw.next_offset
+            if raw.error is None:
                 try:
                     ts = self._assign_ts(raw.value)
                 except (KeyError, IndexError, TypeError, ValueError) as exc:
                     error = f"no timestamp ({type(exc).__name__}: {exc})"
                 else:
-                    if type(ts) is not int:
-                        error = f"timestamp {ts!r} is not an int of epoch milliseconds"
-            if error is not None:
-                if not self._skip:
-                    raise self.source.malformed(partition, raw.offset, error)
-                self.records_skipped += 1
-                continue
-            assert ts is not None
-            self._next += 1
-            self.records_read += 1
-            self.watermarks.on_record(partition, ts)
-            return SourceRecord(raw.value, ts, partition)
+                    if type(ts) is int:
+                        self._next = i + 1
+                        self.records_read += 1
+                        self.watermarks.on_record(partition, ts)
+                        self.partition = partition
+                        return raw.value, ts
+                    error = f"timestamp {ts!r} is not an int of epoch milliseconds"
+            else:
+                error = raw.error
+            self._next = i
+            if not self._skip:
+                raise self.source.malformed(partition, raw.offset, error)
+            self.records_skipped += 1
         return None
 
+    def offset(self, partition: str) -> int:
+        """The next offset to read in ``partition`` (synced or not)."""
+        pos = self._pos.get(partition)
+        return self.offsets.offset(partition) if pos is None else pos
+
+    def sync_offsets(self) -> None:
+        """Write the offsets read since the last sync into the operator state (the snapshot's
+        synchronous phase calls this: between two snapshots nobody reads that state)."""
+        pos = self._pos
+        if pos:
+            advance = self.offsets.advance
+            for partition, offset in pos.items():
+                advance(partition, offset)
+            pos.clear()
+
     def _finish(self, partition: str) -> None:
+        # the end offset stays in _pos until the next sync: the snapshot must record it
         self._active.remove(partition)
         reader = self._readers.pop(partition, None)
         if reader is not None:

@@ -12,6 +12,7 @@ from jobstate import apply, close, factory, make_job, observe
 
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
+from state_engine.errors import InvalidSnapshotRequest
 
 KEYS = [f"user-{i}" for i in range(10_000)]
 
@@ -98,5 +99,39 @@ def test_an_unknown_leftover_sst_in_shared_is_never_reused(catalog, storage, tmp
             record.id, parallelism=3, factory=factory("rocksdb", tmp_path / "r")
         )
         assert observe(restored.subtasks, KEYS[:2000]) == observe(job, KEYS[:2000])
+        close(restored.subtasks)
+    close(job)
+
+
+def test_delta_on_a_heap_without_change_tracking_is_refused_before_anything_is_written(
+    catalog, storage, tmp_path: Path
+):
+    job = make_job("heap", tmp_path, 2)  # no track_changes: every "delta" would be a full base
+    apply(job, KEYS[:50])
+    with manager(catalog, storage, "delta") as m:
+        with pytest.raises(InvalidSnapshotRequest, match="track_changes=True"):
+            m.trigger(job)
+        assert catalog.list_snapshots(m.job) == []
+        assert list(storage.list_files("job")) == []
+        # a savepoint is canonical whatever the format, so it needs no tracking
+        assert m.trigger(job, kind="SAVEPOINT").result().format == "CANONICAL"
+    close(job)
+
+
+def test_a_delta_chain_rebases_once_its_deltas_outweigh_its_base(catalog, storage, tmp_path):
+    job = make_job("heap", tmp_path, 2, track_changes=True)
+    apply(job, KEYS[:300])
+    with manager(catalog, storage, "delta", full_every=8) as m:
+        chain_lengths = []
+        for round_ in range(1, 5):
+            record = m.trigger(job).result()
+            meta = read_metadata(storage.snapshot(record.location))
+            chain_lengths.append(max((f.chain_index or 0) for f in meta.files))
+            expected = observe(job, KEYS[:300])
+            apply(job, KEYS[:300], round_=round_)  # every key changes: a delta ~ the whole state
+        # not 0, 1, 2, 3: a restore reads at most a base and one delta of its size
+        assert chain_lengths == [0, 1, 0, 1]
+        restored = m.restore(record.id, parallelism=1, factory=factory("heap", tmp_path))
+        assert observe(restored.subtasks, KEYS[:300]) == expected
         close(restored.subtasks)
     close(job)

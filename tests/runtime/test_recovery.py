@@ -211,3 +211,22 @@ def test_the_full_stream_killed_at_p2_finishes_at_p4(tmp_path: Path, catalog: An
     )
     assert output == ref_output
     assert state == ref_state
+
+
+def test_a_delta_job_on_the_default_heap_writes_deltas_after_its_first_base(
+    tmp_path: Path, catalog: Any
+) -> None:
+    from state_engine.checkpoint.metadata import FileKind, read_metadata
+    from state_engine.checkpoint.storage import CheckpointStorage
+
+    job = proof_job(2, None, CollectSink(CollectedOutput()), fmt="delta").with_(retained=10)
+    with JobRunner(job, catalog=catalog, storage=str(tmp_path / "checkpoints")) as runner:
+        result = runner.run()
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    kinds = [
+        {f.kind for f in read_metadata(storage.snapshot(c.location)).files}
+        for c in result.checkpoints
+    ]
+    assert len(kinds) >= 3 and FileKind.DELTA not in kinds[0]
+    # changes only, not a base each time (a chain rebases once its deltas outweigh its base)
+    assert any(FileKind.DELTA in k for k in kinds[1:])

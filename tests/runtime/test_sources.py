@@ -47,6 +47,8 @@ def fresh_readers(source: Source, p: int) -> list[SourceReader]:
 
 def rescale(readers: list[SourceReader], source: Source, new_p: int) -> list[SourceReader]:
     """What a checkpoint and a restore at ``new_p`` do to the readers' operator state."""
+    for r in readers:
+        r.sync_offsets()  # the snapshot's synchronous phase: offsets into operator state
     rows = [row for r in readers for row in r.operator_state.snapshot_rows()]
     meta = readers[0].operator_state.state_meta()
     backends = OperatorStateBackend.restore_rescaled(
@@ -162,3 +164,19 @@ def test_offsets_survive_a_rescale_exactly_once(
     for r in restored:
         seen.extend((rec["p"], rec["i"]) for rec in read_all(r))
     assert Counter(seen) == Counter((p, i) for p in range(partitions) for i in range(17))
+
+
+def test_offsets_reach_operator_state_only_when_synced() -> None:
+    src = GeneratorSource(2, 5, gen_record, seed=1, watermarks=WM)
+    reader = fresh_readers(src, 1)[0]
+    before = list(reader.operator_state.snapshot_rows())
+    for _ in range(3):
+        assert reader.poll() is not None
+    # per record nothing is written to operator state: the offsets are plain values
+    assert list(reader.operator_state.snapshot_rows()) == before
+    assert {p: reader.offset(p) for p in reader.partitions} == {"gen-0": 2, "gen-1": 1}
+    reader.sync_offsets()
+    restored = SourceReader(src, reader.operator_state)
+    assert {p: restored.offset(p) for p in restored.partitions} == {"gen-0": 2, "gen-1": 1}
+    rest = sorted((r["p"], r["i"]) for r in read_all(reader))
+    assert rest == sorted((r["p"], r["i"]) for r in read_all(restored)) and len(rest) == 7

@@ -102,3 +102,22 @@ def test_the_application_name_says_which_job_maintenance_and_airflow_task_ran() 
     assert app_name("expire", "j") == "statekeeper-expire-j"
     assert "\n" not in app_name("expire", "a\nb")
     assert spark_conf(master="local[1]", name=name)["spark.app.name"] == name
+
+
+def test_an_unreachable_standalone_master_is_named_at_once() -> None:
+    import socket
+
+    from state_engine.errors import SparkMasterUnreachable
+    from state_engine.jobs.spark import check_master_reachable
+
+    with socket.socket() as s:  # a port nothing listens on once this socket is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SparkMasterUnreachable, match=rf"spark://127.0.0.1:{port} is unreachable"):
+        check_master_reachable(f"spark://127.0.0.1:{port}")
+    check_master_reachable("local[2]")  # nothing to reach
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        # the second master of a list answers: that is enough
+        check_master_reachable(f"spark://127.0.0.1:{port},127.0.0.1:{s.getsockname()[1]}")

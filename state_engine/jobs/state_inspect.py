@@ -169,6 +169,25 @@ def decoder_specs(meta: SnapshotMetadata) -> dict[str, dict[str, Any]]:
     }
 
 
+def operators_to_read(
+    snapshot_id: int, specs: dict[str, dict[str, Any]], operator: str | None, state: str | None
+) -> list[str]:
+    """The keyed operators a request reads; an unknown operator or state is refused."""
+    operators = list(specs) if operator is None else [operator]
+    for op in operators:
+        if op not in specs:
+            raise InvalidJobParams(
+                f"snapshot {snapshot_id} has no keyed operator {op!r}; it has "
+                f"{', '.join(specs) or 'none'}"
+            )
+    if state is not None and not any(state in specs[op]["states"] for op in operators):
+        known = sorted({s for op in operators for s in specs[op]["states"]})
+        raise InvalidJobParams(
+            f"snapshot {snapshot_id} has no state {state!r}; it has {', '.join(known) or 'none'}"
+        )
+    return operators
+
+
 def snapshot_frame(
     spark: SparkSession,
     catalog: Catalog,
@@ -183,18 +202,7 @@ def snapshot_frame(
 
     inp = load_input(catalog, snapshot_id)
     specs = decoder_specs(inp.meta)
-    operators = list(specs) if operator is None else [operator]
-    for op in operators:
-        if op not in specs:
-            raise InvalidJobParams(
-                f"snapshot {snapshot_id} has no keyed operator {op!r}; it has "
-                f"{', '.join(specs) or 'none'}"
-            )
-    if state is not None and not any(state in specs[op]["states"] for op in operators):
-        known = sorted({s for op in operators for s in specs[op]["states"]})
-        raise InvalidJobParams(
-            f"snapshot {snapshot_id} has no state {state!r}; it has {', '.join(known) or 'none'}"
-        )
+    operators = operators_to_read(snapshot_id, specs, operator, state)
     frames = []
     for op in operators:
         frame = _operator_frame(spark, inp, op, specs, state, key)

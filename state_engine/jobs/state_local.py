@@ -21,8 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile
-from state_engine.errors import InvalidJobParams
+from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.jobs.inputs import InputSnapshot, load_input
 from state_engine.jobs.state_inspect import (
     _POSITION,
@@ -30,10 +29,9 @@ from state_engine.jobs.state_inspect import (
     _decode,
     _Decoder,
     decoder_specs,
-    parse_key,
+    operators_to_read,
+    read_plan,
 )
-from state_engine.keygroups import assign_to_key_group
-from state_engine.serde import serializer_from_snapshot
 
 #: Keyed bytes up to which ``state show`` reads the files itself instead of starting Spark.
 LOCAL_READ_BYTES = 64 << 20
@@ -69,34 +67,16 @@ def plan_show(
     """Check the request against the catalog and ``_metadata``; nothing is read yet."""
     inp = load_input(catalog, snapshot_id)
     specs = decoder_specs(inp.meta)
-    operators = list(specs) if operator is None else [operator]
-    for op in operators:
-        if op not in specs:
-            raise InvalidJobParams(
-                f"snapshot {snapshot_id} has no keyed operator {op!r}; it has "
-                f"{', '.join(specs) or 'none'}"
-            )
-    if state is not None and not any(state in specs[op]["states"] for op in operators):
-        known = sorted({s for op in operators for s in specs[op]["states"]})
-        raise InvalidJobParams(
-            f"snapshot {snapshot_id} has no state {state!r}; it has {', '.join(known) or 'none'}"
-        )
+    operators = operators_to_read(snapshot_id, specs, operator, state)
     files: dict[str, list[tuple[SnapshotFile, list[int] | None]]] = {}
     key_bytes: dict[str, bytes] = {}
     for op in operators:
-        chosen: list[tuple[SnapshotFile, list[int] | None]] = []
-        if key is None:
-            chosen = [(f, None) for f in inp.meta.files_of(op, kinds=(FileKind.KEYED,))]
-        else:
-            key_ser = serializer_from_snapshot(specs[op]["key"])
-            typed = parse_key(key, key_ser)
-            key_group = assign_to_key_group(typed, inp.meta.max_parallelism)
-            key_bytes[op] = key_ser.serialize(typed)
-            for f in inp.meta.files_of(op, kinds=(FileKind.KEYED,)):
-                groups = f.row_groups_for(key_group, key_group)
-                if groups:
-                    chosen.append((f, groups))
-        files[op] = chosen
+        chosen, (first, last), serialized = read_plan(inp, op, specs, key)
+        if serialized is None:
+            files[op] = [(f, None) for f in chosen]
+        else:  # only the row groups of the key's key group
+            key_bytes[op] = serialized
+            files[op] = [(f, f.row_groups_for(first, last)) for f in chosen]
     return ShowPlan(inp, specs, files, key_bytes, state)
 
 

@@ -29,12 +29,26 @@ from sk_cluster import (
     start_spark,
 )
 
+HERE = Path(__file__).parent
+# What stops the running stack: the session fixtures register here, and the stack is stopped as
+# soon as the last test of this folder is done (not at the end of the session), so its daemons
+# do not take CPU from the rest of the suite. Stopping twice is harmless.
+_STOPS: list[Callable[[], None]] = []
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        if HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.cluster)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    leaving = HERE in Path(str(item.fspath)).parents and (
+        nextitem is None or HERE not in Path(str(nextitem.fspath)).parents
+    )
+    if leaving:
+        while _STOPS:
+            _STOPS.pop()()
 
 
 def stack_env(workdir: Path, s3: S3Endpoint, catalog_url: str) -> dict[str, str]:
@@ -90,6 +104,7 @@ def stack(cluster_dir: Path, make_pg_database: Callable[[], str]) -> Iterator[St
         s3.service.stop()
         raise
     stack = Stack(cluster_dir, s3, catalog_url, spark)
+    _STOPS.extend([s3.service.stop, spark.stop])  # popped last-first: Spark, then S3
     yield stack
     spark.stop()
     s3.service.stop()
@@ -108,5 +123,6 @@ def airflow(
         extra=stack.env,
     )
     deployment = start_airflow(cluster_dir / "airflow", env)
+    _STOPS.append(deployment.stop)
     yield deployment
     deployment.stop()

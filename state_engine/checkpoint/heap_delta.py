@@ -47,14 +47,6 @@ class Chain:
     def files(self) -> list[SnapshotFile]:
         return [*self.base, *(f for d in self.deltas for f in d)]
 
-    @property
-    def base_bytes(self) -> int:
-        return sum(f.size for f in self.base)
-
-    @property
-    def delta_bytes(self) -> int:
-        return sum(f.size for d in self.deltas for f in d)
-
 
 class DeltaCapture(Capture):
     def __init__(
@@ -151,11 +143,7 @@ class DeltaSnapshotStrategy(SnapshotStrategy):
             or chain is None
             or chain.backend_id != id(backend)
             or len(chain.deltas) >= self.manager.full_every
-            or chain.delta_bytes >= chain.base_bytes
         ):
-            # A new base also once the deltas outweigh their base: when most keys change
-            # between checkpoints each delta is nearly the whole state, and a restore (or a
-            # compaction) would read the state once per link of the chain.
             chain = None
         view = backend.snapshot_view(incremental=chain is not None)  # type: ignore[call-arg]
         return DeltaCapture(operator_uid, subtask_index, backend, view, chain)

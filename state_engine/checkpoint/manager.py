@@ -707,10 +707,10 @@ class CheckpointManager:
             stats.extend(
                 KeyGroupStatRow(uid, kg, s.rows, s.bytes) for kg, s in sorted(merged.items())
             )
-        # one catalog transaction for both
-        with self.catalog.batch():
-            self.catalog.attach_files(job.record.id, refs)
-            self.catalog.record_key_group_stats(job.record.id, stats)
+        # The attach commits on its own: once it returns, the catalog knows the files, and a
+        # concurrent orphan cleanup judges them as referenced (no write lock held meanwhile).
+        self.catalog.attach_files(job.record.id, refs)
+        self.catalog.record_key_group_stats(job.record.id, stats)
         # what complete_snapshot would otherwise sum up again in SQL
         sizes = {r.path: r.size for r in refs}
         job.catalog_totals = (sum(sizes.values()), sum(s.rows for s in stats))

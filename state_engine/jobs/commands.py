@@ -8,6 +8,7 @@ handler is ``handler(args) -> exit code`` and raises StatekeeperErrors for the C
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,6 +236,9 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         with Catalog.from_settings(settings) as catalog:
             if flink_runner(catalog, args.job_name, job_params(args)) is not None:
                 return run_maintenance(catalog, args.job_name, settings, **job_params(args))
+    if importlib.util.find_spec("pyspark") is None:
+        # said before the catalog is asked anything: the [spark] extra is what is missing
+        raise ModuleNotFoundError("No module named 'pyspark'", name="pyspark")
     params = job_params(args)
     ids = {k: params.pop(k) for k in COMMON if k in params}
     with Catalog.from_settings(settings) as catalog:

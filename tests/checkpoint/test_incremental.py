@@ -116,22 +116,3 @@ def test_delta_on_a_heap_without_change_tracking_is_refused_before_anything_is_w
         # a savepoint is canonical whatever the format, so it needs no tracking
         assert m.trigger(job, kind="SAVEPOINT").result().format == "CANONICAL"
     close(job)
-
-
-def test_a_delta_chain_rebases_once_its_deltas_outweigh_its_base(catalog, storage, tmp_path):
-    job = make_job("heap", tmp_path, 2, track_changes=True)
-    apply(job, KEYS[:300])
-    with manager(catalog, storage, "delta", full_every=8) as m:
-        chain_lengths = []
-        for round_ in range(1, 5):
-            record = m.trigger(job).result()
-            meta = read_metadata(storage.snapshot(record.location))
-            chain_lengths.append(max((f.chain_index or 0) for f in meta.files))
-            expected = observe(job, KEYS[:300])
-            apply(job, KEYS[:300], round_=round_)  # every key changes: a delta ~ the whole state
-        # not 0, 1, 2, 3: a restore reads at most a base and one delta of its size
-        assert chain_lengths == [0, 1, 0, 1]
-        restored = m.restore(record.id, parallelism=1, factory=factory("heap", tmp_path))
-        assert observe(restored.subtasks, KEYS[:300]) == expected
-        close(restored.subtasks)
-    close(job)

@@ -26,7 +26,7 @@ DAY_MS = 86_400_000
 
 def click(partition: int, index: int, rng: random.Random) -> dict[str, Any]:
     # Many users once at first, then a few hot ones: heap delta checkpoints stay small next to
-    # their base, so the chain grows (a chain rebases once its deltas outweigh its base).
+    # their base.
     fresh = index < FRESH_PER_PARTITION
     user = f"u{partition}-{index:03d}" if fresh else f"hot{rng.randrange(HOT_USERS)}"
     page = rng.choice("abcde")

@@ -16,6 +16,7 @@ from state_engine.jobs.canonical_write import (
 )
 from state_engine.jobs.commit import begin_output, build_metadata, commit_output
 from state_engine.jobs.inputs import load_input
+from state_engine.jobs.spark import spark_url
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 
 
@@ -74,7 +75,9 @@ def test_write_frame_rebuckets_a_dataframe_into_a_committed_snapshot(
 ):
     inp = load_input(catalog, snapshot.record.id)
     # rows in no particular order, as any Spark computation would hand them over
-    df = spark.read.parquet(*inp.spark_urls(inp.keyed_files(OP))).orderBy("value")
+    snap = inp.snapshot
+    urls = [spark_url(snap.fs.unstrip_protocol(snap.resolve(f.path))) for f in inp.keyed_files(OP)]
+    df = spark.read.parquet(*urls).orderBy("value")
     out = begin_output(
         catalog, storage, "orders", kind="SAVEPOINT", parallelism=3, max_parallelism=MAX_P,
         tag="test",

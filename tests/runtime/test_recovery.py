@@ -228,5 +228,5 @@ def test_a_delta_job_on_the_default_heap_writes_deltas_after_its_first_base(
         for c in result.checkpoints
     ]
     assert len(kinds) >= 3 and FileKind.DELTA not in kinds[0]
-    # changes only, not a base each time (a chain rebases once its deltas outweigh its base)
+    # changes only, not a base each time
     assert any(FileKind.DELTA in k for k in kinds[1:])

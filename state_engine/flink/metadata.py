@@ -656,29 +656,10 @@ def _read_channel_handles(
 ) -> tuple[ChannelStateHandle, ...]:
     out = []
     for _ in range(r.count(f"number of {direction} channel state handles")):
-        if version >= 6:
-            at = r.pos
-            kind = r.i8("a channel state handle type (1-4)")
-            if kind in (1, 2):
-                subtask = r.i32("the channel's subtask")
-                r.i32("the gate or partition index")
-                r.i32("the channel or subpartition index")
-                n = r.count("number of channel offsets")
-                r.take(8 * n, "channel offsets")
-                size = r.i64("the channel state size")
-                out.append(ChannelStateHandle(direction, subtask, _read_stream_handle(r), size))
-            elif kind in (3, 4):
-                subtask = r.i32("the channel's subtask")
-                size = r.i64("the channel state size")
-                delegate = _read_stream_handle(r)
-                r.take(
-                    r.count("serialized channel offsets length", 1 << 31),
-                    "serialized channel offsets",
-                )
-                out.append(ChannelStateHandle(direction, subtask, delegate, size))
-            else:
-                raise r.fail(f"a channel state handle type (1-4), found {kind}", at)
-        else:
+        at = r.pos
+        # before version 6 every channel state handle is of the first (offsets-listed) kind
+        kind = r.i8("a channel state handle type (1-4)") if version >= 6 else 1
+        if kind in (1, 2):
             subtask = r.i32("the channel's subtask")
             r.i32("the gate or partition index")
             r.i32("the channel or subpartition index")
@@ -686,6 +667,17 @@ def _read_channel_handles(
             r.take(8 * n, "channel offsets")
             size = r.i64("the channel state size")
             out.append(ChannelStateHandle(direction, subtask, _read_stream_handle(r), size))
+        elif kind in (3, 4):
+            subtask = r.i32("the channel's subtask")
+            size = r.i64("the channel state size")
+            delegate = _read_stream_handle(r)
+            r.take(
+                r.count("serialized channel offsets length", 1 << 31),
+                "serialized channel offsets",
+            )
+            out.append(ChannelStateHandle(direction, subtask, delegate, size))
+        else:
+            raise r.fail(f"a channel state handle type (1-4), found {kind}", at)
     return tuple(out)
 
 

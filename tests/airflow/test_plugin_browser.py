@@ -210,6 +210,17 @@ def login_token(server: Server) -> str:
         return json.load(answer)["access_token"]
 
 
+def log_in(page: Any, server: Server) -> None:
+    """The browser carries the admin's login cookie, as after Airflow's login page."""
+    page.call(
+        "Network.setCookie",
+        name="_token",
+        value=login_token(server),
+        url=f"{server.url}/",
+        path="/",
+    )
+
+
 def test_the_job_page_renders_its_size_chart_in_chromium(
     chromium_binary: str, api_server: Server, tmp_path: Path
 ) -> None:
@@ -229,13 +240,7 @@ def test_the_job_page_renders_its_size_chart_in_chromium(
         assert "statekeeper%2Fjobs%2Forders" in landed or "statekeeper/jobs/orders" in landed
 
         # Logged in as the UI is: Airflow's JWT in the _token cookie.
-        page.call(
-            "Network.setCookie",
-            name="_token",
-            value=login_token(api_server),
-            url=f"{api_server.url}/",
-            path="/",
-        )
+        log_in(page, api_server)
         page.navigate(job_url)
         dom = page.evaluate(
             """JSON.stringify({
@@ -326,13 +331,7 @@ def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
     shots.mkdir()
     seen: dict[tuple[str, int, str], dict[str, object]] = {}
     with chromium(chromium_binary, tmp_path / "profile") as page:
-        page.call(
-            "Network.setCookie",
-            name="_token",
-            value=login_token(api_server),
-            url=f"{api_server.url}/",
-            path="/",
-        )
+        log_in(page, api_server)
         page.navigate(f"{api_server.url}/statekeeper/")
         for theme in ("light", "dark"):
             # Airflow's UI keeps its light/dark choice here (next-themes' "theme" key)
@@ -370,13 +369,7 @@ def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
     chromium_binary: str, api_server: Server, tmp_path: Path
 ) -> None:
     with chromium(chromium_binary, tmp_path / "profile") as page:
-        page.call(
-            "Network.setCookie",
-            name="_token",
-            value=login_token(api_server),
-            url=f"{api_server.url}/",
-            path="/",
-        )
+        log_in(page, api_server)
         page.navigate(f"{api_server.url}/statekeeper/jobs/orders")
         action = json.loads(
             page.evaluate(

@@ -590,15 +590,12 @@ class CheckpointStorage:
         """
         try:
             self.fs.ls(self.root, detail=False)
-        except FileNotFoundError as exc:
+        except Exception as exc:
             failure = storage_failure(exc, self.root_url)
             if failure is not None:
                 raise failure from exc
-        except Exception as exc:
-            failure = storage_failure(exc, self.root_url)
-            if failure is None:
+            if not isinstance(exc, FileNotFoundError):  # an empty root is no failure
                 raise
-            raise failure from exc
 
     def url_of(self, relative_path: str = "") -> str:
         return self.fs.unstrip_protocol(self._abs(relative_path))

@@ -358,7 +358,8 @@ def test_take_savepoint_from_the_job_page_runs_the_dag_and_the_savepoint_appears
     """Job page -> "Take savepoint" -> Airflow's page of the savepoint DAG -> its trigger form
     (the job chosen among the catalog's jobs, as Airflow 3.3.2 cannot pre-fill it from the
     link) -> the scheduler runs the savepoint task (Spark in the task) -> the job page, loaded
-    again, lists the new savepoint, and the runs page links to the DAG run that made it."""
+    again, lists the new savepoint, and the runs page links to the DAG run that made it, whose
+    "Trigger again with this config" (what 3.3.2 does pre-fill) opens the form with the job."""
     job_url = f"{api_server.url}/statekeeper/jobs/clicks"
     with chromium(chromium_binary, tmp_path / "profile") as page:
         log_in(page, api_server)
@@ -425,6 +426,19 @@ def test_take_savepoint_from_the_job_page_runs_the_dag_and_the_savepoint_appears
         )
         page.navigate(f"{api_server.url}/statekeeper/runs?job=clicks")
         run_links = json.loads(page.evaluate(RUN_LINKS))
+        # what Airflow 3.3.2 does pre-fill: "Trigger again with this config" on a run's page
+        run_page = f"/dags/statekeeper_savepoint/runs/{quote(run['dag_run_id'], safe='')}"
+        page.navigate(f"{api_server.url}{run_page}")
+        appear(page, '[data-testid="trigger-dag-button"]')
+        mouse_click(page, '[data-testid="trigger-dag-button"]')
+        again = (
+            "[...document.querySelectorAll('[role=menuitem]')]"
+            ".find(m => m.textContent === 'Trigger again with this config')"
+        )
+        until(page, again)
+        mouse_click_js(page, again)
+        appear(page, 'input[name="element_job"]')
+        refilled = page.evaluate("document.querySelector('input[name=\"element_job\"]').value")
 
     assert landed["path"] == "/dags/statekeeper_savepoint", landed
     assert json.loads(parse_qs(landed["search"].lstrip("?"))["conf"][0]) == {"job": "clicks"}
@@ -447,8 +461,20 @@ def test_take_savepoint_from_the_job_page_runs_the_dag_and_the_savepoint_appears
         (str(savepoint.id), "savepoint", "completed"),
         (str(catalog_run.input_snapshot_id), "checkpoint", "completed"),
     ], after
-    run_page = f"/dags/statekeeper_savepoint/runs/{quote(run['dag_run_id'], safe='')}"
     assert any(href.endswith(run_page) for href in run_links), run_links
+    assert refilled == "clicks"
+
+
+def mouse_click(page: Any, selector: str) -> None:
+    """A real click (pointer and mouse events) in the middle of ``selector``'s element."""
+    mouse_click_js(page, f"document.querySelector({json.dumps(selector)})")
+
+
+def mouse_click_js(page: Any, element: str) -> None:
+    box = json.loads(page.evaluate(f"JSON.stringify(({element}).getBoundingClientRect())"))
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        page.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
 
 
 def appear(page: object, selector: str, timeout: float = 120) -> None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -180,6 +182,11 @@ def api_server(
     try:
         yield Server(airflow)
     finally:
+        # SIGTERM to all three first, so they shut down side by side; stop() then waits for each
+        for service in airflow.services:
+            if service.alive():
+                with suppress(ProcessLookupError):
+                    os.killpg(service.pid, signal.SIGTERM)
         airflow.stop()
 
 

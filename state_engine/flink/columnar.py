@@ -2,8 +2,8 @@
 dispatch.
 
 :func:`canonical_columns` gives the same keyed state as
-:func:`~state_engine.flink.keyed_state.canonical_entries`, one :class:`Columns` per state (its
-records in stream order, i.e. key group by key group) instead of one ``Entry`` per record:
+:func:`~state_engine.flink.keyed_state.canonical_entries`, one :class:`Columns` per state instead
+of one ``Entry`` per record (a key group's records in stream order; key groups interleaved):
 
 1. framing: the records of every key group are found together, one numpy step per record *depth*
    (all key groups advance at once: record i of every key group, then record i + 1, ...), through
@@ -136,7 +136,10 @@ def canonical_columns(
         return
     pos, klen, vlen, sid = frames
     d = _Data(data)
-    order = np.lexsort((pos, sid))
+    # by state, each state's records in framing order: record i of every key group before
+    # record i + 1 (a stable radix sort of the 16-bit ids; a key group's records keep their
+    # stream order, which is all the rows' sort needs)
+    order = np.argsort(sid.astype(np.uint16), kind="stable")
     sid_sorted = sid[order]
     bounds = np.flatnonzero(np.diff(sid_sorted)) + 1
     decoder = StateDecoder(header, max_parallelism, where)

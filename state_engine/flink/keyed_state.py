@@ -549,7 +549,7 @@ def snapshot_entries(
     """``(operator, subtask, entry)`` for every keyed entry of the snapshot (timers left out).
 
     Operators in the ``_metadata``'s order, subtasks by index, each handle's entries in stream
-    order; ``by_state``: a canonical file's entries state by state (each state in stream order),
+    order; ``by_state``: a canonical file's entries state by state (a key group's in stream order),
     decoded a whole state at a time (:mod:`state_engine.flink.columnar`, much faster).
     """
     from state_engine.flink import metadata as md

@@ -37,12 +37,13 @@ def _canonical_handles(fx: Any) -> list[tuple[bytes, list[int], int, str]]:
 
 
 def _by_state(entries: Any) -> dict[str, list[tuple[Any, ...]]]:
+    """Per state, its entries key group by key group, each key group's in the order given."""
     out: dict[str, list[tuple[Any, ...]]] = {}
     for e in entries:
         out.setdefault(e.state, []).append(
             (e.key_group, e.key, e.namespace, e.user_key, repr(e.value), e.expires_at)
         )
-    return out
+    return {name: sorted(rows, key=lambda r: r[0]) for name, rows in out.items()}
 
 
 def _same(data: bytes, offsets: list[int], max_p: int) -> list[str]:

@@ -32,6 +32,7 @@ The ``--json`` report names every file deleted (or, with ``--dry-run``, that wou
 
 from __future__ import annotations
 
+import os
 import posixpath
 import time
 from collections.abc import Callable
@@ -327,12 +328,12 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 "deleted (re-import the job to mark its snapshots vanished)"
             )
         to_url = url_maker(fs)
-        found = fs.find(root, detail=True)
+        found = _list_files(fs, root)
         files = set(found)
         skip = len(root) + 1
         heads: dict[str, bool] = {}  # first path component -> Flink's to clean?
         chk_heads: set[str] = set()
-        for path, info in found.items():
+        for path, size_mtime in found.items():
             head, sep, _ = path[skip:].partition("/")
             if not sep:
                 continue  # a file directly in the job directory: not Flink's
@@ -343,10 +344,7 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 if is_chk:
                     chk_heads.add(head)
             if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
-                mtime = info.get("mtime")
-                if not isinstance(mtime, int | float):
-                    mtime = _mtime(info)
-                listed[to_url(path)] = (info.get("size") or 0, mtime)
+                listed[to_url(path)] = size_mtime
         # Every completed checkpoint on disk now, imported or not, pins its files.
         for head in sorted(chk_heads):
             path = f"{root}/{head}/{METADATA_FILE_NAME}"
@@ -370,6 +368,41 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
     plan.too_new.sort()
     plan.orphans = {u: int(listed[u][0]) for u in orphans}
     return plan
+
+
+def _list_files(fs: Any, root: str) -> dict[str, tuple[int, float]]:
+    """Every file under ``root``: path -> (size, modification time). Local directories by a
+    scandir walk (a third of fsspec's find: no info dict per file), others by ``find``."""
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        out = {}
+        for path, info in fs.find(root, detail=True).items():
+            mtime = info.get("mtime")
+            if not isinstance(mtime, int | float):
+                mtime = _mtime(info)
+            out[path] = (info.get("size") or 0, mtime)
+        return out
+    found: dict[str, tuple[int, float]] = {}
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed since its parent was read (Flink subsumed a checkpoint)
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir():  # a link to a directory is walked, as fsspec does
+                        stack.append(entry.path)
+                        continue
+                    st = entry.stat()
+                except FileNotFoundError:  # gone meanwhile, or a dangling link: its own stat
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                found[entry.path] = (st.st_size, st.st_mtime)
+    return found
 
 
 def _empty_chk_dirs(dirs: list[str], cutoff: datetime) -> list[str]:

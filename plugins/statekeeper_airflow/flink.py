@@ -99,6 +99,8 @@ def run_flink_maintenance(
                     snapshot = convert.latest_flink_snapshot(catalog, str(job))
                 except FlinkConversionError as exc:
                     raise InvalidJobParams(str(exc)) from None  # no retry can fix it
+            if snapshot is None:  # not reached: is_flink_job said it is a Flink job
+                raise InvalidJobParams(f"job {job!r} is not a Flink job")
             return convert.run(
                 catalog,
                 int(snapshot),

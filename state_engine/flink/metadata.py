@@ -551,8 +551,8 @@ def _read_local_files(r: _Reader, what: str) -> tuple[LocalFile, ...]:
                 if stop <= end and raw_local.isascii() and raw_path.isascii():
                     size = _I64_FROM(data, at + 1)[0]
                     r.pos = stop
-                    h = StreamHandle(FILE, raw_path.decode("ascii"), size)
-                    out.append(LocalFile(raw_local.decode("ascii"), h))
+                    handle = StreamHandle(FILE, raw_path.decode("ascii"), size)
+                    out.append(LocalFile(raw_local.decode("ascii"), handle))
                     continue
         local = r.utf(name_what)
         h = _read_stream_handle(r)

@@ -1058,6 +1058,11 @@ def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
     )
 
 
+# json.dumps(..., allow_nan=False) builds a new encoder per call; one shared encoder writes the
+# same text (attach_files serializes one details dict per file reference: tens of thousands)
+_encode_details = json.JSONEncoder(allow_nan=False).encode
+
+
 def _check_file_refs(
     refs: list[FileRef],
     parallelism: int,
@@ -1090,7 +1095,7 @@ def _check_file_refs(
         if ref.details is not None:
             try:
                 # serialized once here and reused by the insert (attach_files is a hot path)
-                details[id(ref)] = json.dumps(ref.details, allow_nan=False)
+                details[id(ref)] = _encode_details(ref.details)
             except (TypeError, ValueError):
                 as_json(ref.details, f"details of {path}")
         prev = by_path.setdefault(path, ref)

@@ -23,6 +23,7 @@ is written. A crash leaves at most one PENDING snapshot, which the next import c
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import struct
@@ -65,20 +66,19 @@ JOB_DIR_PARTS = ("shared", "taskowned")
 
 @dataclass
 class Listing:
-    """One PATH: its file system, root, role and every file under it (stripped path -> size)."""
+    """One PATH: its file system, root, role and every file under it (stripped path -> size;
+    0 for local directories, which are listed without a stat per file)."""
 
     url: str
     fs: AbstractFileSystem
     root: str
     role: str
     files: dict[str, int]
-    mtimes: dict[str, float] = field(default_factory=dict)
     _outside: dict[str, bool] = field(default_factory=dict)
 
     @property
     def _local(self) -> bool:
-        proto = self.fs.protocol
-        return "file" in (proto if isinstance(proto, tuple) else (proto,))
+        return _is_local(self.fs)
 
     def _strip(self, location: str) -> str:
         return self.fs._strip_protocol(location)
@@ -89,8 +89,12 @@ class Listing:
     def exists(self, location: str) -> bool:
         """Whether ``location`` exists: from the listing under the root, asked elsewhere (a
         NO_CLAIM restore's ancestor files live outside the job's directory)."""
-        path = location if self._local and location.startswith("/") else self._strip(location)
-        if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
+        local = self.__dict__.get("_is_local")
+        if local is None:
+            local = self.__dict__["_is_local"] = self._local
+            self.__dict__["_prefix"] = self.root.rstrip("/") + "/"
+        path = location if local and location.startswith("/") else self._strip(location)
+        if path.startswith(self.__dict__["_prefix"]) or path == self.root:
             return path in self.files
         if path not in self._outside:
             self._outside[path] = bool(self.fs.exists(path))
@@ -103,8 +107,9 @@ class Listing:
     def metadata_files(self) -> list[str]:
         """Paths of the completed snapshots' ``_metadata`` under the root."""
         out = []
+        suffix = "/" + METADATA_FILE_NAME
         for p in self.files:
-            if posixpath.basename(p) != METADATA_FILE_NAME:
+            if not p.endswith(suffix):
                 continue
             parent = posixpath.dirname(p)
             depth = _depth(parent, self.root)
@@ -172,9 +177,13 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
             f"{url} is a file; give a Flink job's checkpoint directory "
             "(<checkpoint-dir>/<job-id>), a savepoint directory or a directory of savepoints"
         )
-    found = fs.find(root, detail=True)
-    files = {p: int(info.get("size") or 0) for p, info in found.items()}
-    mtimes = {p: _mtime(info) for p, info in found.items()}
+    if _is_local(fs):
+        # the import needs only which files exist: a scandir walk, no stat per file (fsspec's
+        # find stats and builds an info dict for each of the tens of thousands of files)
+        files = dict.fromkeys(_local_files(root), 0)
+    else:
+        found = fs.find(root, detail=True)
+        files = {p: int(info.get("size") or 0) for p, info in found.items()}
     children = {_child(p, root) for p in files}
     children.discard(None)
     top_dirs = {
@@ -200,25 +209,36 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
             f"{url} is not a Flink job checkpoint directory (chk-N/, shared/), a savepoint "
             f"directory (_metadata) or a directory of savepoints{hint}"
         )
-    return Listing(url, fs, root, role, files, mtimes)
+    return Listing(url, fs, root, role, files)
+
+
+def _is_local(fs: AbstractFileSystem) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def _local_files(root: str) -> list[str]:
+    """Every file under local directory ``root`` (symlinks not followed, as fsspec's find)."""
+    out: list[str] = []
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue  # gone since it was listed (a running job's checkpoint subsumed)
+        with entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    out.append(entry.path)
+    return out
 
 
 def _child(path: str, root: str) -> str | None:
     rel = path[len(root) + 1 :]
     head, sep, _ = rel.partition("/")
     return head if sep else None
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, int | float):
-            return float(value)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return 0.0
 
 
 def operator_key(uid: str, operator_id: str) -> str:
@@ -250,6 +270,7 @@ def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileR
             details={"role": "metadata", "kind": "exclusive"},
         )
     ]
+    operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
     for r in meta.file_references():
         h = r.handle
         assert h.location is not None
@@ -266,7 +287,7 @@ def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileR
                 path=to_url(h.location),
                 size=h.size,
                 shared=r.role == ROLE_SHARED,
-                operator=_operator_of(meta, r.operator_id),
+                operator=operators.get(r.operator_id, r.operator_id),
                 subtask=r.subtask if r.subtask >= 0 else None,
                 key_group_start=kg.start if kg is not None and len(kg) else None,
                 key_group_end=kg.end if kg is not None and len(kg) else None,
@@ -302,13 +323,6 @@ def metadata_problems(
     for path in sorted(set(attached) - set(expected)):
         problems.append(f"the catalog attached {path}, which it does not list")
     return problems
-
-
-def _operator_of(meta: FlinkSnapshotMetadata, operator_id: str) -> str:
-    for op in meta.operators:
-        if op.operator_id == operator_id:
-            return operator_key(op.uid, op.operator_id)
-    return operator_id
 
 
 def key_group_bytes(h: KeyedStateHandle) -> dict[int, int]:
@@ -470,16 +484,18 @@ def import_flink(
                 raise FlinkMetadataError(f"{exc}; nothing was imported") from None
             found.append((listing, meta))
         if listing.role == ROLE_CHECKPOINTS:
+            skip = len(listing.root.rstrip("/")) + 1
+            heads: set[str] = set()  # first path components seen: each checked once
             for p in listing.files:
-                parent = posixpath.dirname(p)
-                if (
-                    posixpath.dirname(parent) == listing.root
-                    and CHK_DIR.match(posixpath.basename(parent))
-                    and f"{parent}/{METADATA_FILE_NAME}" not in listing.files
-                ):
-                    url = listing.to_url(parent)
-                    if url not in report.in_flight:
-                        report.in_flight.append(url)
+                head, sep, _ = p[skip:].partition("/")
+                if sep and head not in heads:
+                    heads.add(head)
+                    parent = f"{listing.root.rstrip('/')}/{head}"
+                    if (
+                        CHK_DIR.match(head)
+                        and f"{parent}/{METADATA_FILE_NAME}" not in listing.files
+                    ):
+                        report.in_flight.append(listing.to_url(parent))
     if not found and not known_dirs and not report.missing_directories:
         raise FlinkImportError(
             f"no completed Flink snapshot (a chk-N or savepoint directory with a _metadata) under "
@@ -537,7 +553,10 @@ def import_flink(
                     }
                 )
             continue
-        missing = sorted(h.location or h.name for h in meta.files().values() if not h.exists)
+        refs_all = meta.file_references()
+        missing = sorted(
+            {r.handle.location or r.handle.name for r in refs_all if not r.handle.exists}
+        )
         if missing and prior is None:
             # Not restorable as it is: reported, not imported (a later sync imports it once the
             # files are back).

@@ -204,3 +204,29 @@ def test_savepoint_dag_converts_the_latest_flink_snapshot_without_spark(
     assert (output.kind, output.format, output.status) == ("SAVEPOINT", "CANONICAL", "COMPLETED")
     assert output.location.rstrip("/") == target
     assert (tmp_path / "converted" / "_metadata").is_file()
+
+
+def test_take_savepoint_on_a_flink_job_converts_a_flink_snapshot_not_a_converted_one(
+    flink_env: dict[str, Path], tmp_path: Path
+) -> None:
+    # The plugin's "Take savepoint" action sends only the job: the first conversion makes a
+    # Statekeeper savepoint the job's newest snapshot; the next one must still read Flink's.
+    from statekeeper_airflow.flink import run_flink_maintenance
+
+    from state_engine.flink.import_job import import_flink
+
+    with catalog() as cat:
+        import_flink(cat, [str(flink_env["job_dir"])], "payments")
+        chk11 = next(s for s in cat.list_snapshots("payments") if s.checkpoint_id == 11)
+    outputs = []
+    for n in (1, 2):
+        report = run_flink_maintenance(
+            "savepoint",
+            {"job": "payments", "savepoint_dir": (tmp_path / f"sp-{n}").as_uri()},
+            {"run_id": f"take-savepoint-{n}"},
+        )
+        assert report is not None and report["input_snapshot_id"] == chk11.id
+        outputs.append(report["output_snapshot_id"])
+    with catalog() as cat:
+        assert cat.list_snapshots("payments")[0].id == outputs[1]
+        assert cat.get_snapshot(outputs[0]).format == "CANONICAL"

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state_engine.errors import FlinkStateError, UnsupportedFlinkSerializer
+from state_engine.errors import FlinkStateError, InvalidJobParams, UnsupportedFlinkSerializer
 from state_engine.flink.keyed_state import (
     canonical_records,
     snapshot_entries,
@@ -353,3 +353,43 @@ def test_corrupt_sst_block_is_an_error_not_partial_state(
     sst.write_bytes(bytes(data))
     with pytest.raises(FlinkStateError, match="Corruption|checksum"):
         snapshot_rows(read_metadata(str(sp)))
+
+
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+@pytest.mark.parametrize("name", ["savepoint-canonical-5", "savepoint-native-9", "chk-11"])
+def test_limit_gives_the_first_rows_of_the_whole_sorted_state(
+    flink_fixtures: Any, backend: str, name: str
+) -> None:
+    meta, _ = _java_meta(flink_fixtures, backend, name)
+    every = snapshot_rows(meta)
+    for limit in (1, 7, 300, len(every) + 5):
+        assert snapshot_rows(meta, limit=limit) == every[:limit]
+    merchants = [r for r in every if r["state"] == "merchants"]
+    assert snapshot_rows(meta, state="merchants", limit=4) == merchants[:4]
+    key = every[-1]["key"]
+    assert snapshot_rows(meta, key=key, limit=2) == [r for r in every if r["key"] == key][:2]
+    with pytest.raises(InvalidJobParams, match="states with rows: lastSeen, merchants"):
+        snapshot_rows(meta, state="nope", limit=3)
+
+
+def test_limit_decodes_only_the_key_groups_it_needs(
+    flink_fixtures: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from state_engine.flink import keyed_state
+
+    meta, _ = _java_meta(flink_fixtures, "hashmap", "savepoint-canonical-5")
+    decoded = collections.Counter()
+    original = keyed_state.StateDecoder.decode
+
+    def counting(self: Any, state: Any, key: bytes, value: bytes) -> Any:
+        decoded["records"] += 1
+        return original(self, state, key, value)
+
+    monkeypatch.setattr(keyed_state.StateDecoder, "decode", counting)
+    rows = snapshot_rows(meta, limit=3)
+    first_kgs = {r["key_group"] for r in rows}
+    total = sum(1 for _ in snapshot_entries(meta))
+    decoded.clear()
+    snapshot_rows(meta, limit=3)
+    assert len(rows) == 3 and max(first_kgs) <= 2
+    assert 0 < decoded["records"] < total / 20

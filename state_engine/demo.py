@@ -32,12 +32,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-import fsspec
-
 from state_engine.catalog import Catalog, RunRecord, SnapshotRecord
 from state_engine.catalog.engine import parse_url, sqlite_path
 from state_engine.catalog.migrate import upgrade
 from state_engine.checkpoint import RocksDBBackendFactory
+from state_engine.checkpoint.storage import FileStore
 from state_engine.config import Settings
 from state_engine.demo_airflow import REPO, AirflowCli, DemoAirflowError, failure_message
 from state_engine.errors import NotFound, StatekeeperError
@@ -376,9 +375,8 @@ class Demo:
                         "demo?) and the catalog cannot delete one job: point "
                         "STATEKEEPER_CATALOG_URL at an empty database, or use the embedded default"
                     )
-        fs, root = fsspec.core.url_to_fs(s.checkpoint_root.rstrip("/") + "/" + JOB)
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
+        store, root = FileStore.at(s.checkpoint_root.rstrip("/") + "/" + JOB)
+        if store.delete_tree(root):
             cleared.append(f"{s.checkpoint_root.rstrip('/')}/{JOB}")
         if self.work.exists():
             shutil.rmtree(self.work)
@@ -716,11 +714,9 @@ class Demo:
         c.line(f"Logs of the Airflow runs: {self.work / 'logs'}", 2)
 
     def _storage_size(self) -> tuple[int, int]:
-        fs, root = fsspec.core.url_to_fs(self.settings.checkpoint_root.rstrip("/") + "/" + JOB)
-        if not fs.exists(root):
-            return 0, 0
-        sizes = fs.du(root, total=False, withdirs=False)
-        return len(sizes), sum(sizes.values())
+        store, root = FileStore.at(self.settings.checkpoint_root.rstrip("/") + "/" + JOB)
+        files = store.find(root)
+        return len(files), sum(f.size for f in files)
 
     def _catalog(self) -> Catalog:
         if self.catalog is None:

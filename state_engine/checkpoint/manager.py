@@ -54,7 +54,6 @@ from state_engine.checkpoint.storage import (
     CheckpointStorage,
     SnapshotDir,
     format_checksum,
-    remove_empty_dirs,
 )
 from state_engine.checkpoint.strategies import (
     CanonicalSnapshotStrategy,
@@ -653,7 +652,7 @@ class CheckpointManager:
                 self._registered_states[(op.operator_id, name)] = m
 
     def _url(self, snap: SnapshotDir, relative: str) -> str:
-        return snap.fs.unstrip_protocol(snap.resolve(relative))
+        return snap.url_of(relative)
 
     def _attach(self, job: _Job, meta: SnapshotMetadata, results: list[SubtaskResult]) -> None:
         snap = job.snapshot
@@ -692,7 +691,7 @@ class CheckpointManager:
 
         refs.append(
             FileRef(
-                snap.fs.unstrip_protocol(snap.metadata_path),
+                snap.metadata_url,
                 len(data),
                 format_checksum(zlib.crc32(data)),
                 details={"kind": METADATA_FILE},
@@ -783,15 +782,12 @@ class CheckpointManager:
                 if rel.startswith("shared/"):
                     self.registry.forget(["../" + rel])
             self.catalog.forget_files(self.job, [f.path for f in files], lease=lease, token=token)
-            fs = self.storage.fs
             for f in files:
-                path = fs._strip_protocol(f.path)
-                if fs.exists(path):
-                    fs.rm_file(path)
+                if self.storage.delete(f.path):
                     crash_point("checkpoint.during_release")
                 deleted.append(f.path)
-            remove_empty_dirs(
-                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)], fs=fs
+            self.storage.remove_empty_dirs(
+                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)]
             )
         finally:
             with contextlib.suppress(LeaseError):
@@ -808,9 +804,7 @@ class CheckpointManager:
         """Leave nothing of a failed or cancelled snapshot: files, then the catalog row."""
         with contextlib.suppress(Exception):
             for rel in created:
-                path = snap.resolve(rel)
-                if snap.fs.exists(path):
-                    snap.fs.rm_file(path)
+                snap.remove_file(rel)
             self.storage.discard(snap)
         error = f"{type(exc).__name__}: {exc}"[:2000]
         with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):

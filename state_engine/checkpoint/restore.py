@@ -128,7 +128,7 @@ def _check_status(record: SnapshotRecord) -> SnapshotRecord:
 def _dir_of(manager: CheckpointManager, record: SnapshotRecord) -> SnapshotDir:
     snap = manager.storage.snapshot(record.location)
     if record.kind == "SAVEPOINT":
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+        snap = snap.self_contained()
     return snap
 
 
@@ -194,7 +194,7 @@ def restore_snapshot(
             "them: restore it from there, or take a savepoint"
         )
     if record is None:
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+        snap = snap.self_contained()
     verify(snap, meta, deep=manager.verify_checksums)
     where = snap.url
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
@@ -292,7 +292,7 @@ def register_savepoint(
             for st in op.subtasks:
                 refs.extend(
                     FileRef(
-                        snap.fs.unstrip_protocol(snap.resolve(p)),
+                        snap.url_of(p),
                         meta.file(p).size,
                         meta.file(p).checksum,
                         operator=op.operator_id,
@@ -304,7 +304,7 @@ def register_savepoint(
                 )
             refs.extend(
                 FileRef(
-                    snap.fs.unstrip_protocol(snap.resolve(p)),
+                    snap.url_of(p),
                     meta.file(p).size,
                     meta.file(p).checksum,
                     operator=op.operator_id,
@@ -314,7 +314,7 @@ def register_savepoint(
         data = snap.read_metadata_bytes()
         refs.append(
             FileRef(
-                snap.fs.unstrip_protocol(snap.metadata_path),
+                snap.metadata_url,
                 len(data),
                 format_checksum(zlib.crc32(data)),
                 details={"kind": METADATA_FILE},

@@ -32,7 +32,6 @@ positions, sink state) is Flink-specific and is not converted (reported as skipp
 
 from __future__ import annotations
 
-import contextlib
 import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -381,8 +380,7 @@ def _abort(snap: SnapshotDir, writers: list[CanonicalWriter], files: list[Snapsh
     for w in writers:
         w.abort()  # removes what an unfinished writer wrote; finished files go below
     for f in files:
-        with contextlib.suppress(FileNotFoundError):
-            snap.fs.rm_file(snap.resolve(f.path))
+        snap.remove_file(f.path)
 
 
 def run(

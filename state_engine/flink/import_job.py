@@ -26,15 +26,12 @@ from __future__ import annotations
 import posixpath
 import re
 import struct
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import fsspec.core
-from fsspec import AbstractFileSystem
-
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
 from state_engine.catalog.records import SnapshotRecord
+from state_engine.checkpoint.storage import FileStore
 from state_engine.errors import (
     FlinkDirectoryClaimed,
     FlinkImportError,
@@ -65,35 +62,27 @@ JOB_DIR_PARTS = ("shared", "taskowned")
 
 @dataclass
 class Listing:
-    """One PATH: its file system, root, role and every file under it (stripped path -> size)."""
+    """One PATH: its store, root, role and every file under it (path on the store -> size)."""
 
     url: str
-    fs: AbstractFileSystem
+    store: FileStore
     root: str
     role: str
     files: dict[str, int]
     mtimes: dict[str, float] = field(default_factory=dict)
     _outside: dict[str, bool] = field(default_factory=dict)
 
-    @property
-    def _local(self) -> bool:
-        proto = self.fs.protocol
-        return "file" in (proto if isinstance(proto, tuple) else (proto,))
-
-    def _strip(self, location: str) -> str:
-        return self.fs._strip_protocol(location)
-
     def to_url(self, path: str) -> str:
-        return self.fs.unstrip_protocol(path)
+        return self.store.url_of(path)
 
     def exists(self, location: str) -> bool:
         """Whether ``location`` exists: from the listing under the root, asked elsewhere (a
         NO_CLAIM restore's ancestor files live outside the job's directory)."""
-        path = location if self._local and location.startswith("/") else self._strip(location)
+        path = self.store.path_of(location)
         if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
             return path in self.files
         if path not in self._outside:
-            self._outside[path] = bool(self.fs.exists(path))
+            self._outside[path] = self.store.exists(path)
         return self._outside[path]
 
     @property
@@ -163,18 +152,19 @@ def _depth(path: str, root: str) -> int:
 
 def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> Listing | None:
     """List ``url`` once and classify it; None if it does not exist."""
-    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    store, root = FileStore.at(url, storage_options)
     root = root.rstrip("/") or "/"
-    if not fs.exists(root):
+    if not store.exists(root):
         return None
-    if not fs.isdir(root):
+    if not store.isdir(root):
         raise FlinkImportError(
             f"{url} is a file; give a Flink job's checkpoint directory "
             "(<checkpoint-dir>/<job-id>), a savepoint directory or a directory of savepoints"
         )
-    found = fs.find(root, detail=True)
-    files = {p: int(info.get("size") or 0) for p, info in found.items()}
-    mtimes = {p: _mtime(info) for p, info in found.items()}
+    found = store.find(root)
+    prefix = root.rstrip("/") + "/"
+    files = {prefix + f.path: f.size for f in found}
+    mtimes = {prefix + f.path: f.mtime for f in found}
     children = {_child(p, root) for p in files}
     children.discard(None)
     top_dirs = {
@@ -194,13 +184,13 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
                 if CHK_DIR.match(posixpath.basename(posixpath.dirname(p)))
             }
         )
-        some = ", ".join(fs.unstrip_protocol(n) for n in nested[:3])
+        some = ", ".join(store.url_of(n) for n in nested[:3])
         hint = f"; it holds job directories: import one of {some}" if nested else ""
         raise FlinkImportError(
             f"{url} is not a Flink job checkpoint directory (chk-N/, shared/), a savepoint "
             f"directory (_metadata) or a directory of savepoints{hint}"
         )
-    return Listing(url, fs, root, role, files, mtimes)
+    return Listing(url, store, root, role, files, mtimes)
 
 
 def _child(path: str, root: str) -> str | None:
@@ -209,39 +199,14 @@ def _child(path: str, root: str) -> str | None:
     return head if sep else None
 
 
-def _mtime(info: dict[str, Any]) -> float:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, int | float):
-            return float(value)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return 0.0
-
-
 def operator_key(uid: str, operator_id: str) -> str:
     """The catalog's operator uid of a Flink operator: its uid, or its id when it has none."""
     return uid or operator_id
 
 
-def url_maker(fs: AbstractFileSystem) -> Callable[[str], str]:
-    """``location -> catalog URL`` on ``fs``; local absolute paths without fsspec's per-call cost
-    (tens of thousands of shared files per import)."""
-    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-    def to_url(location: str) -> str:
-        if local and location.startswith("/") and "//" not in location:
-            return "file://" + location
-        return fs.unstrip_protocol(fs._strip_protocol(location))
-
-    return to_url
-
-
-def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileRef]:
+def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     """Catalog file references of one snapshot: ``_metadata`` and every on-disk handle."""
-    to_url = url_maker(fs)
+    to_url = store.url_of
 
     refs = [
         FileRef(
@@ -283,7 +248,7 @@ def metadata_problems(
 
     ``attached``: catalog path -> size. Used by ``statectl verify`` for jobs of origin flink.
     """
-    fs, _ = fsspec.core.url_to_fs(location)
+    store, _ = FileStore.at(location)
     job_dir = (
         job_location
         if job_location and location.startswith(job_location.rstrip("/") + "/")
@@ -291,7 +256,7 @@ def metadata_problems(
     )
     meta = read_metadata(location, job_dir=job_dir)
     expected: dict[str, int] = {}
-    for ref in file_refs(meta, fs):
+    for ref in file_refs(meta, store):
         expected.setdefault(ref.path, ref.size)
     problems = []
     for path, size in sorted(expected.items()):
@@ -430,8 +395,8 @@ def import_flink(
     for url in paths:
         listing = list_directory(url, storage_options)
         if listing is None:
-            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-            root_url = fs.unstrip_protocol(root.rstrip("/"))
+            store, root = FileStore.at(url, storage_options)
+            root_url = store.url_of(root.rstrip("/"))
             if root_url in known_dirs:
                 report.missing_directories.append(root_url)
                 continue
@@ -454,7 +419,7 @@ def import_flink(
     for listing in listings:
         for mpath in listing.metadata_files():
             try:
-                data = listing.fs.cat_file(mpath)
+                data = listing.store.read_bytes(mpath)
             except FileNotFoundError:
                 continue  # subsumed by a running job since the listing: no longer a snapshot
             job_dir = (
@@ -551,7 +516,7 @@ def import_flink(
                 }
             )
             continue
-        refs = file_refs(meta, listing.fs)
+        refs = file_refs(meta, listing.store)
         stats = key_group_stats(meta)
         parallelism, snap_max_p = _catalog_parallelism(meta)
         if prior is None:

@@ -739,12 +739,11 @@ def catalog_flink_metadata(catalog: Any, snapshot_id: int) -> FlinkSnapshotMetad
 
 
 def _is_flink_metadata(location: str) -> bool:
-    import fsspec
-
+    from state_engine.checkpoint.storage import open_url
     from state_engine.flink.metadata import HEADER_MAGIC_NUMBER, metadata_file
 
     try:
-        with fsspec.open(metadata_file(location), "rb") as f:
+        with open_url(metadata_file(location)) as f:
             head = f.read(4)
     except (FileNotFoundError, IsADirectoryError):
         return True  # let the Flink reader name what is missing

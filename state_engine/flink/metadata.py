@@ -25,9 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
-import fsspec.core
-
+from state_engine.checkpoint.storage import FileStore, open_url
 from state_engine.errors import (
     FlinkMetadataError,
     FlinkPathEscapes,
@@ -134,12 +132,12 @@ class StreamHandle:
         return self.type == INLINE
 
     def read_bytes(self) -> bytes:
-        """The handle's bytes (inline data, or the file/segment read through fsspec)."""
+        """The handle's bytes (inline data, or the file/segment read from storage)."""
         if self.type == INLINE:
             return self.data or b""
         if self.type == EMPTY_SEGMENT or self.location is None:
             return b""
-        with fsspec.open(self.location, "rb") as f:
+        with open_url(self.location) as f:
             if self.type == SEGMENT:
                 f.seek(self.start_pos)
                 return f.read(self.size)
@@ -812,7 +810,7 @@ def _kind_and_format(
 
 
 def _local_url(uri: str) -> str:
-    """A Flink URI as fsspec addresses it (``file:/x`` -> ``/x``; other schemes unchanged)."""
+    """A Flink URI as storage addresses it (``file:/x`` -> ``/x``; other schemes unchanged)."""
     if uri.startswith("file://"):
         rest = uri[len("file://") :]
         return rest if rest.startswith("/") else "/" + rest.split("/", 1)[-1]
@@ -931,12 +929,12 @@ def metadata_from_bytes(
     version, cid, masters, operators, props = parse_metadata(data, metadata_path)
     kind, fmt, type_name, sharing = _kind_and_format(props, directory, operators)
     if exists is None:
-        fs, _ = fsspec.core.url_to_fs(directory or "/")
+        store, _ = FileStore.at(directory or "/")
         cache: dict[str, bool] = {}
 
         def exists(loc: str) -> bool:
             if loc not in cache:
-                cache[loc] = bool(fs.exists(loc))
+                cache[loc] = store.exists(loc)
             return cache[loc]
 
     resolver = PathResolver(directory, job_dir, exists, metadata_path)
@@ -976,7 +974,7 @@ def read_metadata(
     """
     path = metadata_file(path_or_url)
     try:
-        with fsspec.open(path, "rb") as f:
+        with open_url(path) as f:
             data: Any = f.read()
     except FileNotFoundError:
         raise FlinkMetadataError(

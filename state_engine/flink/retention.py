@@ -33,17 +33,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import fsspec.core
-
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import remove_empty_dirs
+from state_engine.checkpoint.storage import FileStore, remove_empty_dirs
 from state_engine.errors import FlinkJobDirectoryMissing, FlinkMetadataError, InvalidJobParams
 from state_engine.faults import crash_point
 from state_engine.flink.import_job import (
     CHK_DIR,
     ROLE_CHECKPOINTS,
     file_refs,
-    url_maker,
 )
 from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
 from state_engine.jobs.deletion import (
@@ -95,28 +92,30 @@ def disk_checkpoints(catalog: Catalog, job: str) -> dict[str, dict[str, int]]:
     its location URL -> the files it references (URL -> size), ``_metadata`` included."""
     out: dict[str, dict[str, int]] = {}
     for root_url in checkpoint_dirs(catalog, job):
-        fs, root = fsspec.core.url_to_fs(root_url)
+        store, root = FileStore.at(root_url)
         root = root.rstrip("/")
-        for path in sorted(fs.glob(f"{root}/chk-*/{METADATA_FILE_NAME}")):
-            out[fs.unstrip_protocol(posixpath.dirname(path))] = _refs_of(fs, path, root)
+        for path in store.glob(f"{root}/chk-*/{METADATA_FILE_NAME}"):
+            out[store.url_of(posixpath.dirname(path))] = _refs_of(store, path, root)
     return out
 
 
-def _refs_of(fs: Any, path: str, root: str, files: set[str] | None = None) -> dict[str, int]:
+def _refs_of(
+    store: FileStore, path: str, root: str, files: set[str] | None = None
+) -> dict[str, int]:
     def exists(loc: str) -> bool:
-        stripped = fs._strip_protocol(loc)
+        stripped = store.path_of(loc)
         if files is not None and stripped.startswith(root + "/"):
             return stripped in files
-        return bool(fs.exists(stripped))  # outside the listing (a NO_CLAIM ancestor's file)
+        return store.exists(stripped)  # outside the listing (a NO_CLAIM ancestor's file)
 
     try:
-        meta = metadata_from_bytes(bytes(fs.cat_file(path)), path, job_dir=root, exists=exists)
+        meta = metadata_from_bytes(store.read_bytes(path), path, job_dir=root, exists=exists)
     except FlinkMetadataError as exc:
         raise FlinkMetadataError(
             f"{exc}; nothing was deleted (a checkpoint that cannot be read might reference any "
             "file)"
         ) from None
-    return {r.path: r.size for r in file_refs(meta, fs)}
+    return {r.path: r.size for r in file_refs(meta, store)}
 
 
 # --- expire ---
@@ -271,21 +270,21 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
     referenced: set[str] = set(catalog.live_paths(job))
     listed: dict[str, tuple[int, float]] = {}
     for root_url in dirs:
-        fs, root = fsspec.core.url_to_fs(root_url)
+        store, root = FileStore.at(root_url)
         root = root.rstrip("/")
-        if not fs.exists(root):
+        if not store.exists(root):
             raise FlinkJobDirectoryMissing(
                 f"the checkpoint directory {root_url} of Flink job {job!r} is gone; nothing was "
                 "deleted (re-import the job to mark its snapshots vanished)"
             )
-        to_url = url_maker(fs)
-        found = fs.find(root, detail=True)
-        files = set(found)
-        skip = len(root) + 1
+        to_url = store.url_of
+        found = store.find(root)
+        files = {f"{root}/{f.path}" for f in found}
+        now = time.time()
         heads: dict[str, bool] = {}  # first path component -> Flink's to clean?
         chk_heads: set[str] = set()
-        for path, info in found.items():
-            head, sep, _ = path[skip:].partition("/")
+        for f in found:
+            head, sep, _ = f.path.partition("/")
             if not sep:
                 continue  # a file directly in the job directory: not Flink's
             keep = heads.get(head)
@@ -295,17 +294,16 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 if is_chk:
                     chk_heads.add(head)
             if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
-                mtime = info.get("mtime")
-                if not isinstance(mtime, int | float):
-                    mtime = _mtime(info)
-                listed[to_url(path)] = (info.get("size") or 0, mtime)
+                # unknown age: treat as new, never delete
+                mtime = f.modified.timestamp() if f.modified is not None else now
+                listed[to_url(f"{root}/{f.path}")] = (f.size, mtime)
         # Every completed checkpoint on disk now, imported or not, pins its files.
         for head in sorted(chk_heads):
             path = f"{root}/{head}/{METADATA_FILE_NAME}"
             if path not in files:
                 plan.in_flight.append(to_url(f"{root}/{head}"))
             elif to_url(f"{root}/{head}") not in dead:
-                referenced.update(_refs_of(fs, path, root, files))
+                referenced.update(_refs_of(store, path, root, files))
     plan.listed = len(listed)
     plan.referenced = len(referenced)
     plan.foreign = sorted(u for u in referenced if not _under(u, own))
@@ -330,28 +328,20 @@ def _empty_chk_dirs(dirs: list[str], cutoff: datetime) -> list[str]:
     out = []
     limit = cutoff.timestamp()
     for root_url in dirs:
-        fs, root = fsspec.core.url_to_fs(root_url)
-        for info in fs.ls(root.rstrip("/"), detail=True):
-            name = posixpath.basename(info["name"].rstrip("/"))
-            if info.get("type") != "directory" or not CHK_DIR.match(name):
+        store, root = FileStore.at(root_url)
+        for entry in store.ls(root.rstrip("/")):
+            name = posixpath.basename(entry.path)
+            if not entry.is_dir or not CHK_DIR.match(name):
                 continue
-            if _mtime(info) < limit and not fs.ls(info["name"], detail=False):
-                out.append(fs.unstrip_protocol(info["name"]))
+            # unknown age: treat as new, never delete
+            mtime = entry.modified.timestamp() if entry.modified is not None else time.time()
+            if mtime < limit and store.is_empty_dir(entry.path):
+                out.append(store.url_of(entry.path))
     return out
 
 
 def _head(path: str, root: str) -> str:
     return path[len(root) + 1 :].split("/", 1)[0] if path.startswith(root + "/") else ""
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if isinstance(value, int | float):
-            return float(value)
-        if value is not None and hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return time.time()  # unknown age: treat as new, never delete
 
 
 def orphan_body(

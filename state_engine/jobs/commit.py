@@ -223,7 +223,7 @@ def commit_output(
     data = meta.to_json()
     refs.append(
         FileRef(
-            snap.fs.unstrip_protocol(snap.metadata_path),
+            snap.metadata_url,
             len(data),
             format_checksum(zlib.crc32(data)),
             details={"kind": METADATA_FILE},
@@ -253,10 +253,9 @@ def abort_output(catalog: Catalog, out: OutputSnapshot, error: str) -> None:
 
 
 def _url(snap: SnapshotDir, relative: str) -> str:
-    return snap.fs.unstrip_protocol(snap.resolve(relative))
+    return snap.url_of(relative)
 
 
 def _remove_dir(snap: SnapshotDir) -> None:
     # only ever a directory of a snapshot that never completed: its files are its own
-    if snap.fs.exists(snap.path):
-        snap.fs.rm(snap.path, recursive=True)
+    snap.remove()

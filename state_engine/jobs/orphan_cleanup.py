@@ -31,14 +31,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import fsspec.core
-
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.storage import (
     METADATA_FILE,
     SHARED_DIR,
-    StoredFile,
-    _modified,
+    list_url,
     remove_empty_dirs,
 )
 from state_engine.faults import crash_point
@@ -98,14 +95,7 @@ def list_roots(catalog: Catalog, job: str, job_dir_url: str, storage: Any) -> li
 
 
 def _list_dir(url: str) -> list[Listed]:
-    fs, path = fsspec.core.url_to_fs(url)
-    if not fs.exists(path):
-        return []
-    out = []
-    for name, info in fs.find(path, detail=True).items():
-        f = StoredFile(posixpath.relpath(name, path), int(info.get("size") or 0), _modified(info))
-        out.append(Listed(f"{url}/{f.path}", f.size, f.modified))
-    return out
+    return [Listed(f"{url}/{f.path}", f.size, f.modified) for f in list_url(url)]
 
 
 def classify(

@@ -163,10 +163,9 @@ def allowed_roots(catalog: Catalog, job: str, settings: Settings) -> list[str]:
 
 
 def _canonical_url(url: str) -> str:
-    from state_engine.checkpoint.storage import resolve_storage
+    from state_engine.checkpoint.storage import canonical_url
 
-    fs, path = resolve_storage(url)
-    return fs.unstrip_protocol(path).rstrip("/")
+    return canonical_url(url)
 
 
 def _check_target_dir(catalog: Catalog, job: str, directory: Any, settings: Settings) -> None:

@@ -34,9 +34,10 @@ from state_engine.checkpoint.metadata import METADATA_FILE, SnapshotMetadata
 from state_engine.checkpoint.storage import FileStore, SnapshotDir, format_checksum
 from state_engine.errors import StatekeeperError
 from state_engine.formatting import human_bytes
+from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 ERROR, WARNING, PENDING = "ERROR", "WARNING", "PENDING"
-LIVE = ("PENDING", "COMPLETED")
+LIVE = RETAINED_STATUSES
 _CHUNK = 1 << 20
 
 #: exit status of ``statectl verify`` when it found an inconsistency (1 is "could not check")
@@ -185,7 +186,11 @@ class _Storage:
 
 
 def _label(s: SnapshotRecord) -> str:
-    name = f"chk-{s.checkpoint_id}" if s.kind == "CHECKPOINT" else f"savepoint {s.checkpoint_id}"
+    name = (
+        f"chk-{s.checkpoint_id}"
+        if s.kind is SnapshotKind.CHECKPOINT
+        else f"savepoint {s.checkpoint_id}"
+    )
     return f"{name} (snapshot {s.id}, {s.status})"
 
 
@@ -298,7 +303,7 @@ def verify_job(
         referenced.update(files)
         if not any(snap.location.startswith(r.rstrip("/") + "/") for r in roots):
             roots.append(snap.location)
-        if snap.status == "PENDING":
+        if snap.status is SnapshotStatus.PENDING:
             report.pending += 1
             missing = sum(
                 1 for f in files.values() if storage.check(f.path, f.size, None, False) is not None

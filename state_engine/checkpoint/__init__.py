@@ -39,12 +39,13 @@ _EXPORTS = {
     "SharedStateRegistry": "state_engine.checkpoint.registry",
     "SnapshotDir": "state_engine.checkpoint.storage",
     "SnapshotFile": "state_engine.checkpoint.metadata",
-    "SnapshotFormat": "state_engine.checkpoint.metadata",
-    "SnapshotKind": "state_engine.checkpoint.metadata",
+    "SnapshotFormat": "state_engine.snapshot_enums",
+    "SnapshotKind": "state_engine.snapshot_enums",
     "SnapshotMetadata": "state_engine.checkpoint.metadata",
     "SnapshotStats": "state_engine.checkpoint.manager",
+    "SnapshotStatus": "state_engine.snapshot_enums",
     "StateBackendFactory": "state_engine.checkpoint.state",
-    "StateEntry": "state_engine.checkpoint.canonical",
+    "StateEntry": "state_engine.state.meta",
     "StoredFile": "state_engine.checkpoint.storage",
     "SubtaskSnapshot": "state_engine.checkpoint.metadata",
     "SubtaskState": "state_engine.checkpoint.state",
@@ -68,7 +69,6 @@ if TYPE_CHECKING:
         CanonicalWriter,
         KeyGroupStats,
         OperatorStateEntry,
-        StateEntry,
         WrittenFiles,
         read_entries,
         read_key_groups,
@@ -89,8 +89,6 @@ if TYPE_CHECKING:
         KeyGroupRun,
         OperatorSnapshot,
         SnapshotFile,
-        SnapshotFormat,
-        SnapshotKind,
         SnapshotMetadata,
         SubtaskSnapshot,
         read_metadata,
@@ -114,6 +112,8 @@ if TYPE_CHECKING:
         StoredFile,
         validate_job_name,
     )
+    from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
+    from state_engine.state.meta import StateEntry
 
 
 __all__ = [
@@ -145,6 +145,7 @@ __all__ = [
     "SnapshotKind",
     "SnapshotMetadata",
     "SnapshotStats",
+    "SnapshotStatus",
     "StateBackendFactory",
     "StateEntry",
     "StoredFile",

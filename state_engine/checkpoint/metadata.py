@@ -35,19 +35,9 @@ from state_engine.errors import (
     SnapshotFileMismatch,
     UnsupportedMetadataVersion,
 )
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 FORMAT_VERSION = 1
-
-
-class SnapshotKind(StrEnum):
-    CHECKPOINT = "CHECKPOINT"
-    SAVEPOINT = "SAVEPOINT"
-
-
-class SnapshotFormat(StrEnum):
-    CANONICAL = "CANONICAL"
-    DELTA = "DELTA"
-    NATIVE = "NATIVE"
 
 
 class FileKind(StrEnum):

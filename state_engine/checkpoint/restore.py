@@ -70,6 +70,7 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
@@ -111,11 +112,11 @@ def resolve_snapshot(
 
 
 def _check_status(record: SnapshotRecord) -> SnapshotRecord:
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         fix = {
-            "PENDING": "it is still being written (or its writer died): wait for it, or restore "
-            "an earlier COMPLETED one",
-            "FAILED": "it never completed: restore an earlier COMPLETED one",
+            SnapshotStatus.PENDING: "it is still being written (or its writer died): wait for "
+            "it, or restore an earlier COMPLETED one",
+            SnapshotStatus.FAILED: "it never completed: restore an earlier COMPLETED one",
         }.get(record.status, "its files may be gone: restore a COMPLETED one")
         raise SnapshotNotRestorable(
             f"snapshot {record.id} ({record.kind.lower()} {record.checkpoint_id} of job "
@@ -127,7 +128,7 @@ def _check_status(record: SnapshotRecord) -> SnapshotRecord:
 
 def _dir_of(manager: CheckpointManager, record: SnapshotRecord) -> SnapshotDir:
     snap = manager.storage.snapshot(record.location)
-    if record.kind == "SAVEPOINT":
+    if record.kind is SnapshotKind.SAVEPOINT:
         snap = snap.self_contained()
     return snap
 
@@ -281,8 +282,8 @@ def register_savepoint(
         manager.job,
         location=snap.url,
         parallelism=meta.parallelism,
-        kind="SAVEPOINT",
-        format=str(meta.format),
+        kind=SnapshotKind.SAVEPOINT,
+        format=meta.format,
         max_parallelism=meta.max_parallelism,
         trigger="relocated",
     )

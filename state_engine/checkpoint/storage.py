@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import fsspec
 import fsspec.core
@@ -114,7 +114,7 @@ class DirEntry:
 
 
 #: The file system type behind a store (for type hints; only this module calls it).
-FileSystem = AbstractFileSystem
+FileSystem: TypeAlias = AbstractFileSystem
 
 
 def format_checksum(crc: int) -> str:
@@ -180,7 +180,9 @@ def _is_checkpoint_dir(name: str) -> bool:
     return name.startswith("chk-") and digits.isdigit() and digits == str(int(digits))
 
 
-def resolve_storage(url: str, storage_options: dict[str, Any] | None = None):
+def resolve_storage(
+    url: str, storage_options: dict[str, Any] | None = None
+) -> tuple[AbstractFileSystem, str]:
     """``fsspec.core.url_to_fs`` with errors that say which schemes would work."""
     if not isinstance(url, str) or not url.strip():
         raise UnknownStorageScheme(
@@ -329,13 +331,13 @@ class FileStore:
         """The path of ``location`` (a URL or a path) on this file system."""
         if self._local and location.startswith("/") and "//" not in location:
             return location.rstrip("/") or "/"
-        return self._fs._strip_protocol(location)
+        return str(self._fs._strip_protocol(location))
 
     def url_of(self, path: str) -> str:
         """The URL of ``path`` (a path on this file system, or a URL: made canonical)."""
         if self._local and path.startswith("/") and "//" not in path:
             return "file://" + path
-        return self._fs.unstrip_protocol(self._fs._strip_protocol(path))
+        return str(self._fs.unstrip_protocol(self._fs._strip_protocol(path)))
 
     # --- queries ---
 
@@ -584,13 +586,13 @@ class CountingReader:
         data = self._raw.read(n)
         if self._stats is not None:
             self._stats.bytes_read += len(data)
-        return data
+        return bytes(data)
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return self._raw.seek(offset, whence)
+        return int(self._raw.seek(offset, whence))
 
     def tell(self) -> int:
-        return self._raw.tell()
+        return int(self._raw.tell())
 
     def size(self) -> int:
         if self._size is None:
@@ -689,15 +691,15 @@ class SnapshotDir:
 
     @property
     def url(self) -> str:
-        return self.fs.unstrip_protocol(self.path)
+        return str(self.fs.unstrip_protocol(self.path))
 
     def url_of(self, relative_path: str) -> str:
         """The URL of a snapshot-relative path (validated)."""
-        return self.fs.unstrip_protocol(self.resolve(relative_path))
+        return str(self.fs.unstrip_protocol(self.resolve(relative_path)))
 
     @property
     def metadata_url(self) -> str:
-        return self.fs.unstrip_protocol(self.metadata_path)
+        return str(self.fs.unstrip_protocol(self.metadata_path))
 
     def exists(self) -> bool:
         """Whether the directory exists (anything was written to it)."""
@@ -791,7 +793,7 @@ class SnapshotDir:
     def read_metadata_bytes(self) -> bytes:
         try:
             with self.fs.open(self.metadata_path, "rb") as f:
-                return f.read()
+                return bytes(f.read())
         except FileNotFoundError as exc:
             raise MissingMetadata(
                 f"snapshot {self.url} has no {METADATA_FILE}: it never completed (a checkpoint "
@@ -868,7 +870,7 @@ class CheckpointStorage:
                 raise
 
     def url_of(self, relative_path: str = "") -> str:
-        return self.fs.unstrip_protocol(self._abs(relative_path))
+        return str(self.fs.unstrip_protocol(self._abs(relative_path)))
 
     def _abs(self, relative_path: str) -> str:
         if not relative_path:

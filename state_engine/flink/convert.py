@@ -74,6 +74,7 @@ from state_engine.serde import (
     StrSerializer,
     TypeSerializer,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE, NamespaceSerializer
 
@@ -464,7 +465,7 @@ def _convert(
         catalog,
         storage_for(catalog, record.job, settings),
         record.job,
-        kind="SAVEPOINT",
+        kind=SnapshotKind.SAVEPOINT,
         parallelism=max(1, meta.parallelism),
         max_parallelism=meta.max_parallelism,
         tag=tag,
@@ -536,7 +537,7 @@ def latest_flink_snapshot(catalog: Any, job: str) -> int | None:
     record = catalog.get_job(job)
     if getattr(record, "origin", "statekeeper") != "flink":
         return None
-    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+    for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
         if catalog_flink_metadata(catalog, snap.id) is not None:
             return int(snap.id)
     raise FlinkConversionError(

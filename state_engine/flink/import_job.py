@@ -51,6 +51,7 @@ from state_engine.flink.metadata import (
     metadata_from_bytes,
     read_metadata,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 
 ROLE_CHECKPOINTS = "flink-checkpoints"
 ROLE_SAVEPOINTS = "flink-savepoints"
@@ -490,8 +491,8 @@ def import_flink(
                 }
             )
             continue
-        if prior is not None and prior.status != "PENDING":
-            if prior.status == "COMPLETED":
+        if prior is not None and prior.status is not SnapshotStatus.PENDING:
+            if prior.status is SnapshotStatus.COMPLETED:
                 report.unchanged.append(prior.checkpoint_id)
             else:
                 report.skipped.append(
@@ -545,7 +546,7 @@ def import_flink(
 
     # Snapshots imported from these directories whose _metadata is gone: mark them.
     roots = [lst.root_url for lst in listings] + report.missing_directories
-    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+    for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
         if snap.location in present_locations:
             continue
         if not any(

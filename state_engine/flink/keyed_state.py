@@ -47,6 +47,7 @@ from state_engine.flink.serializers import (
     read_serializer_snapshot,
 )
 from state_engine.flink.snappy import read_framed
+from state_engine.snapshot_enums import SnapshotStatus
 
 if TYPE_CHECKING:
     from state_engine.flink.metadata import FlinkSnapshotMetadata, KeyedStateHandle, OperatorState
@@ -727,7 +728,7 @@ def catalog_flink_metadata(catalog: Any, snapshot_id: int) -> FlinkSnapshotMetad
     job = catalog.get_job(snap.job_id)
     if getattr(job, "origin", "statekeeper") != "flink":
         return None
-    if snap.status != "COMPLETED":
+    if snap.status is not SnapshotStatus.COMPLETED:
         raise InvalidJobParams(
             f"snapshot {snapshot_id} of Flink job {job.name!r} is {snap.status}, not COMPLETED: "
             "only completed snapshots can be read (statectl snapshots NAME lists them)"

@@ -32,6 +32,7 @@ from state_engine.errors import (
     UnsupportedFlinkMetadataVersion,
 )
 from state_engine.flink.javaser import JavaEnum, JavaObject, decode_modified_utf8, read_java_object
+from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
 
 METADATA_FILE_NAME = "_metadata"
 HEADER_MAGIC_NUMBER = 0x4960672D
@@ -714,9 +715,11 @@ def _read_operator(r: _Reader, version: int) -> OperatorState:
     at = r.pos
     parallelism = r.i32("the operator parallelism")
     max_p = r.i32("the operator max parallelism")
-    if not (0 < parallelism <= max_p <= 1 << 15):
+    if not (0 < parallelism <= max_p <= UPPER_BOUND_MAX_PARALLELISM):
         raise r.fail(
-            f"a parallelism in 1..max parallelism <= 32768, found {parallelism} / {max_p}", at
+            f"a parallelism in 1..max parallelism <= {UPPER_BOUND_MAX_PARALLELISM}, found "
+            f"{parallelism} / {max_p}",
+            at,
         )
     op = OperatorState(op_id, name, uid, parallelism, max_p)
     op.coordinator_state = _read_stream_handle(r)

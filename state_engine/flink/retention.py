@@ -54,6 +54,7 @@ from state_engine.jobs.deletion import (
     wait_seconds,
 )
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -133,9 +134,9 @@ def _expire_plan(
     catalog: Catalog, job: str, retain_last: int | None, savepoints: list[str], dirs: list[str]
 ) -> ExpirePlan:
     plan = ExpirePlan()
-    completed = catalog.list_snapshots(job, status="COMPLETED")
+    completed = catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED)
     checkpoints = sorted(
-        (s for s in completed if s.kind == "CHECKPOINT"), key=lambda s: -s.checkpoint_id
+        (s for s in completed if s.kind is SnapshotKind.CHECKPOINT), key=lambda s: -s.checkpoint_id
     )
     if retain_last is not None:
         plan.expired.extend(checkpoints[retain_last:])
@@ -144,7 +145,7 @@ def _expire_plan(
         snap = next((s for s in completed if str(s.id) == str(want)), None) or by_name.get(
             str(want)
         )
-        if snap is None or snap.kind != "SAVEPOINT":
+        if snap is None or snap.kind is not SnapshotKind.SAVEPOINT:
             raise InvalidJobParams(
                 f"--savepoint {want!r} is not a COMPLETED savepoint of Flink job {job!r} (give "
                 "its snapshot id or directory name; `statectl snapshots JOB` lists them)"
@@ -152,15 +153,13 @@ def _expire_plan(
         plan.expired.append(snap)
     expired_ids = {s.id for s in plan.expired}
     retained = [
-        s
-        for s in catalog.list_snapshots(job, status=["COMPLETED", "PENDING"])
-        if s.id not in expired_ids
+        s for s in catalog.list_snapshots(job, status=RETAINED_STATUSES) if s.id not in expired_ids
     ]
     live: set[str] = set()
     for s in retained:
         live.update(f.path for f in catalog.snapshot_files(s.id))
     dead = {s.location for s in plan.expired}
-    dead |= {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    dead |= {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
     on_disk = disk_checkpoints(catalog, job)
     for location, refs in on_disk.items():
         if location not in dead:
@@ -225,7 +224,7 @@ def expire_body(
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in done.paths] + plan.dead_dirs,
             dirs,
-            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+            keep=[s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)],
         )
     return JobResult(
         bytes_in=sum(plan.files.values()),
@@ -266,7 +265,7 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
     plan = OrphanPlan()
     own = [p for p, _ in catalog.job_directories(job)]
     # an expired checkpoint whose _metadata survived a crash pins nothing
-    dead = {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    dead = {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
     referenced: set[str] = set(catalog.live_paths(job))
     listed: dict[str, tuple[int, float]] = {}
     for root_url in dirs:
@@ -381,7 +380,7 @@ def orphan_body(
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in deleted] + _empty_chk_dirs(dirs, cutoff),
             dirs,
-            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+            keep=[s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)],
         )
     nbytes = sum(plan.orphans[u] for u in deleted)
     return JobResult(

@@ -591,7 +591,7 @@ def run(
     job_max = catalog.get_job(record.job).max_parallelism
     new_p, new_max = check_target(parallelism, max_parallelism, job_max)
     same = new_max == record.max_parallelism == job_max
-    if same and (kind or "CHECKPOINT").upper() != "CHECKPOINT":
+    if same and (kind or SnapshotKind.CHECKPOINT).upper() != SnapshotKind.CHECKPOINT:
         raise InvalidJobParams(
             "a rescale at the same max parallelism is a checkpoint over the input's files; a "
             "savepoint must hold its own files: take it with the savepoint job instead"
@@ -612,7 +612,7 @@ def run(
             if same
             else (SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
         )
-        if same and source.kind != "CHECKPOINT":
+        if same and source.kind is not SnapshotKind.CHECKPOINT:
             raise SnapshotNotUsable(
                 f"snapshot {source.id} is a savepoint; a checkpoint must not depend on files the "
                 "user owns: restore the savepoint at the new parallelism directly (canonical "
@@ -640,7 +640,7 @@ def run(
             catalog,
             storage_for(catalog, record.job, ctx.settings),
             record.job,
-            kind="CHECKPOINT" if same else (kind or "SAVEPOINT"),
+            kind=SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
             parallelism=new_p,
             max_parallelism=new_max,
             tag=ctx.tag,

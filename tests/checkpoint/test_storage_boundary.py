@@ -169,3 +169,12 @@ def test_spark_executors_deleting_files_import_storage_only(tmp_path: Path) -> N
 def test_storage_module_is_the_one_that_imports_fsspec() -> None:
     assert bypasses(OWNER.read_text()) != []  # the checker would see it: it lives here only
     assert storage_module.FileStore.__module__ == STORAGE_MODULE
+
+
+def test_spark_tasks_writing_and_reading_snapshots_load_no_catalog_or_keyed_backend() -> None:
+    modules = _fresh_modules(
+        "import state_engine.jobs.canonical_write, state_engine.jobs.snapshot_read"
+    )
+    banned = ("sqlalchemy", "state_engine.catalog", "rocksdict", "pyspark")
+    backends = ("state_engine.backends.heap", "state_engine.backends.rocksdb")
+    assert [m for m in modules if m.startswith(banned + backends)] == []

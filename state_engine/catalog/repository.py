@@ -76,8 +76,10 @@ from state_engine.errors import (
     NoSuchSnapshot,
     StateRegistrationConflict,
 )
+from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
-MAX_MAX_PARALLELISM = 32_768  # Flink's upper bound for max parallelism
+MAX_MAX_PARALLELISM = UPPER_BOUND_MAX_PARALLELISM
 
 
 class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
@@ -270,8 +272,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         *,
         location: str,
         parallelism: int,
-        kind: str = "CHECKPOINT",
-        format: str = "CANONICAL",
+        kind: str = SnapshotKind.CHECKPOINT,
+        format: str = SnapshotFormat.CANONICAL,
         checkpoint_id: int | None = None,
         parent_id: int | None = None,
         max_parallelism: int | None = None,
@@ -305,7 +307,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 checkpoint_id=checkpoint_id,
                 kind=kind,
                 format=format,
-                status="PENDING",
+                status=SnapshotStatus.PENDING,
                 parent_id=parent_id,
                 parallelism=parallelism,
                 max_parallelism=max_p,
@@ -393,7 +395,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         if not refs:
             return 0
         with self._write() as s:
-            snap = self._lock_snapshot(s, snapshot_id, ("PENDING",), "attach files to")
+            snap = self._lock_snapshot(s, snapshot_id, (SnapshotStatus.PENDING,), "attach files to")
             # Plain ints: an ORM attribute read per row would cost more than the row's insert.
             snap_id, job_id = snap.id, snap.job_id
             details: dict[int, str] = {}
@@ -502,7 +504,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             return 0
         with self._write() as s:
             snap = self._lock_snapshot(
-                s, snapshot_id, ("PENDING", "COMPLETED"), "record key-group stats for"
+                s, snapshot_id, RETAINED_STATUSES, "record key-group stats for"
             )
             seen: set[tuple[str, int]] = set()
             for r in rows:
@@ -574,8 +576,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             self._transition(
                 s,
                 snapshot_id,
-                ("PENDING",),
-                "COMPLETED",
+                (SnapshotStatus.PENDING,),
+                SnapshotStatus.COMPLETED,
                 expected_version,
                 completed_at=now,
                 duration_ms=max(duration or 0, 0),
@@ -590,7 +592,14 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
     ) -> SnapshotRecord:
         """PENDING -> FAILED: its files are no longer pinned by it."""
         with self._write() as s:
-            self._transition(s, snapshot_id, ("PENDING",), "FAILED", expected_version, error=error)
+            self._transition(
+                s,
+                snapshot_id,
+                (SnapshotStatus.PENDING,),
+                SnapshotStatus.FAILED,
+                expected_version,
+                error=error,
+            )
             return self._snapshot_record(s, snapshot_id)
 
     def subsume_snapshot(
@@ -599,12 +608,18 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         """COMPLETED checkpoint -> SUBSUMED (a newer one replaces it); savepoints are refused."""
         with self._write() as s:
             snap = self._snapshot_record(s, snapshot_id)
-            if snap.kind == "SAVEPOINT":
+            if snap.kind is SnapshotKind.SAVEPOINT:
                 raise InvalidSnapshotTransition(
                     f"snapshot {snapshot_id} is a savepoint, owned by the user and never subsumed; "
                     "discard it explicitly if it is no longer needed"
                 )
-            self._transition(s, snapshot_id, ("COMPLETED",), "SUBSUMED", expected_version)
+            self._transition(
+                s,
+                snapshot_id,
+                (SnapshotStatus.COMPLETED,),
+                SnapshotStatus.SUBSUMED,
+                expected_version,
+            )
             return self._snapshot_record(s, snapshot_id)
 
     def discard_snapshot(
@@ -623,8 +638,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             self._transition(
                 s,
                 snapshot_id,
-                ("COMPLETED", "SUBSUMED", "FAILED"),
-                "DISCARDED",
+                (SnapshotStatus.COMPLETED, SnapshotStatus.SUBSUMED, SnapshotStatus.FAILED),
+                SnapshotStatus.DISCARDED,
                 expected_version,
                 **extra,
             )
@@ -1165,9 +1180,9 @@ def _snapshot(r: Snapshot, job: str) -> SnapshotRecord:
         job_id=r.job_id,
         job=job,
         checkpoint_id=r.checkpoint_id,
-        kind=r.kind,
-        format=r.format,
-        status=r.status,
+        kind=SnapshotKind(r.kind),
+        format=SnapshotFormat(r.format),
+        status=SnapshotStatus(r.status),
         parent_id=r.parent_id,
         parallelism=r.parallelism,
         max_parallelism=r.max_parallelism,

@@ -54,7 +54,6 @@ from state_engine.checkpoint.storage import (
     CheckpointStorage,
     SnapshotDir,
     format_checksum,
-    remove_empty_dirs,
 )
 from state_engine.checkpoint.strategies import (
     CanonicalSnapshotStrategy,
@@ -75,9 +74,8 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotStatus
 
-FORMATS = ("canonical", "native", "delta")
-KINDS = ("CHECKPOINT", "SAVEPOINT")
 OPERATOR_STATE_PREFIX = "@operator/"
 FILE_LEASE_TTL_S = 120.0
 
@@ -196,10 +194,10 @@ class CheckpointManager:
         verify_checksums: bool = False,
         fork_writer: bool = True,
     ) -> None:
-        if format not in FORMATS:
+        if format not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
                 f"checkpoint format {format!r} of job {job!r} is unknown; use one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         if retained < 1 or full_every < 1:
             raise InvalidSnapshotRequest(
@@ -214,7 +212,7 @@ class CheckpointManager:
         self.parallelism = parallelism
         self.format = format
         self.retained = retained
-        self.incremental = incremental or format == "delta"
+        self.incremental = incremental or format == SnapshotFormat.DELTA.option
         self.full_every = full_every
         self.row_group_bytes = row_group_bytes
         self.verify_checksums = verify_checksums
@@ -241,7 +239,7 @@ class CheckpointManager:
         self,
         subtasks: Sequence[SubtaskState],
         *,
-        kind: str = "CHECKPOINT",
+        kind: str = SnapshotKind.CHECKPOINT,
         savepoint_dir: str | None = None,
         trigger: str = "periodic",
         format: str | None = None,
@@ -354,13 +352,15 @@ class CheckpointManager:
 
     def _format_for(self, kind: SnapshotKind, override: str | None) -> SnapshotFormat:
         fmt = override if override is not None else self.format
-        if fmt not in FORMATS:
+        if fmt not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
                 f"snapshot format {fmt!r} for job {self.job!r} is unknown; use one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         # a savepoint is self-contained: a delta chain would reach into other snapshots
-        if kind is SnapshotKind.SAVEPOINT and (override is None or fmt == "delta"):
+        if kind is SnapshotKind.SAVEPOINT and (
+            override is None or fmt == SnapshotFormat.DELTA.option
+        ):
             return SnapshotFormat.CANONICAL
         return SnapshotFormat(fmt.upper())
 
@@ -520,7 +520,7 @@ class CheckpointManager:
 
     def _completed_in_catalog(self, snapshot_id: int) -> bool:
         try:
-            return self.catalog.get_snapshot(snapshot_id).status == "COMPLETED"
+            return self.catalog.get_snapshot(snapshot_id).status is SnapshotStatus.COMPLETED
         except StatekeeperError:
             return False  # the catalog cannot say: treat the commit as not done, as before
 
@@ -653,7 +653,7 @@ class CheckpointManager:
                 self._registered_states[(op.operator_id, name)] = m
 
     def _url(self, snap: SnapshotDir, relative: str) -> str:
-        return snap.fs.unstrip_protocol(snap.resolve(relative))
+        return snap.url_of(relative)
 
     def _attach(self, job: _Job, meta: SnapshotMetadata, results: list[SubtaskResult]) -> None:
         snap = job.snapshot
@@ -692,7 +692,7 @@ class CheckpointManager:
 
         refs.append(
             FileRef(
-                snap.fs.unstrip_protocol(snap.metadata_path),
+                snap.metadata_url,
                 len(data),
                 format_checksum(zlib.crc32(data)),
                 details={"kind": METADATA_FILE},
@@ -783,15 +783,12 @@ class CheckpointManager:
                 if rel.startswith("shared/"):
                     self.registry.forget(["../" + rel])
             self.catalog.forget_files(self.job, [f.path for f in files], lease=lease, token=token)
-            fs = self.storage.fs
             for f in files:
-                path = fs._strip_protocol(f.path)
-                if fs.exists(path):
-                    fs.rm_file(path)
+                if self.storage.delete(f.path):
                     crash_point("checkpoint.during_release")
                 deleted.append(f.path)
-            remove_empty_dirs(
-                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)], fs=fs
+            self.storage.remove_empty_dirs(
+                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)]
             )
         finally:
             with contextlib.suppress(LeaseError):
@@ -808,9 +805,7 @@ class CheckpointManager:
         """Leave nothing of a failed or cancelled snapshot: files, then the catalog row."""
         with contextlib.suppress(Exception):
             for rel in created:
-                path = snap.resolve(rel)
-                if snap.fs.exists(path):
-                    snap.fs.rm_file(path)
+                snap.remove_file(rel)
             self.storage.discard(snap)
         error = f"{type(exc).__name__}: {exc}"[:2000]
         with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
@@ -878,7 +873,7 @@ class CheckpointManager:
             self._to_confirm.clear()
             if mode is RestoreMode.CLAIM:
                 rec = restored.snapshot
-                if rec.kind == "CHECKPOINT" and rec.job_id == self.job_record.id:
+                if rec.kind is SnapshotKind.CHECKPOINT and rec.job_id == self.job_record.id:
                     self._owned[rec.id] = rec
                     self._last_completed = rec
                     self.registry.register(files)

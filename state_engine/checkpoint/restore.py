@@ -70,6 +70,7 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
@@ -111,11 +112,11 @@ def resolve_snapshot(
 
 
 def _check_status(record: SnapshotRecord) -> SnapshotRecord:
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         fix = {
-            "PENDING": "it is still being written (or its writer died): wait for it, or restore "
-            "an earlier COMPLETED one",
-            "FAILED": "it never completed: restore an earlier COMPLETED one",
+            SnapshotStatus.PENDING: "it is still being written (or its writer died): wait for "
+            "it, or restore an earlier COMPLETED one",
+            SnapshotStatus.FAILED: "it never completed: restore an earlier COMPLETED one",
         }.get(record.status, "its files may be gone: restore a COMPLETED one")
         raise SnapshotNotRestorable(
             f"snapshot {record.id} ({record.kind.lower()} {record.checkpoint_id} of job "
@@ -127,8 +128,8 @@ def _check_status(record: SnapshotRecord) -> SnapshotRecord:
 
 def _dir_of(manager: CheckpointManager, record: SnapshotRecord) -> SnapshotDir:
     snap = manager.storage.snapshot(record.location)
-    if record.kind == "SAVEPOINT":
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+    if record.kind is SnapshotKind.SAVEPOINT:
+        snap = snap.self_contained()
     return snap
 
 
@@ -194,7 +195,7 @@ def restore_snapshot(
             "them: restore it from there, or take a savepoint"
         )
     if record is None:
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+        snap = snap.self_contained()
     verify(snap, meta, deep=manager.verify_checksums)
     where = snap.url
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
@@ -281,8 +282,8 @@ def register_savepoint(
         manager.job,
         location=snap.url,
         parallelism=meta.parallelism,
-        kind="SAVEPOINT",
-        format=str(meta.format),
+        kind=SnapshotKind.SAVEPOINT,
+        format=meta.format,
         max_parallelism=meta.max_parallelism,
         trigger="relocated",
     )
@@ -292,7 +293,7 @@ def register_savepoint(
             for st in op.subtasks:
                 refs.extend(
                     FileRef(
-                        snap.fs.unstrip_protocol(snap.resolve(p)),
+                        snap.url_of(p),
                         meta.file(p).size,
                         meta.file(p).checksum,
                         operator=op.operator_id,
@@ -304,7 +305,7 @@ def register_savepoint(
                 )
             refs.extend(
                 FileRef(
-                    snap.fs.unstrip_protocol(snap.resolve(p)),
+                    snap.url_of(p),
                     meta.file(p).size,
                     meta.file(p).checksum,
                     operator=op.operator_id,
@@ -314,7 +315,7 @@ def register_savepoint(
         data = snap.read_metadata_bytes()
         refs.append(
             FileRef(
-                snap.fs.unstrip_protocol(snap.metadata_path),
+                snap.metadata_url,
                 len(data),
                 format_checksum(zlib.crc32(data)),
                 details={"kind": METADATA_FILE},

@@ -23,19 +23,15 @@ is written. A crash leaves at most one PENDING snapshot, which the next import c
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 import struct
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import fsspec.core
-from fsspec import AbstractFileSystem
-
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
 from state_engine.catalog.records import SnapshotRecord
+from state_engine.checkpoint.storage import FileStore
 from state_engine.errors import (
     FlinkDirectoryClaimed,
     FlinkImportError,
@@ -55,6 +51,7 @@ from state_engine.flink.metadata import (
     metadata_from_bytes,
     read_metadata,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 
 ROLE_CHECKPOINTS = "flink-checkpoints"
 ROLE_SAVEPOINTS = "flink-savepoints"
@@ -66,38 +63,27 @@ JOB_DIR_PARTS = ("shared", "taskowned")
 
 @dataclass
 class Listing:
-    """One PATH: its file system, root, role and every file under it (stripped path -> size;
-    0 for local directories, which are listed without a stat per file)."""
+    """One PATH: its store, root, role and every file under it (path on the store -> size; 0
+    for local directories, which are listed without a stat per file)."""
 
     url: str
-    fs: AbstractFileSystem
+    store: FileStore
     root: str
     role: str
     files: dict[str, int]
     _outside: dict[str, bool] = field(default_factory=dict)
 
-    @property
-    def _local(self) -> bool:
-        return _is_local(self.fs)
-
-    def _strip(self, location: str) -> str:
-        return self.fs._strip_protocol(location)
-
     def to_url(self, path: str) -> str:
-        return self.fs.unstrip_protocol(path)
+        return self.store.url_of(path)
 
     def exists(self, location: str) -> bool:
         """Whether ``location`` exists: from the listing under the root, asked elsewhere (a
         NO_CLAIM restore's ancestor files live outside the job's directory)."""
-        local = self.__dict__.get("_is_local")
-        if local is None:
-            local = self.__dict__["_is_local"] = self._local
-            self.__dict__["_prefix"] = self.root.rstrip("/") + "/"
-        path = location if local and location.startswith("/") else self._strip(location)
-        if path.startswith(self.__dict__["_prefix"]) or path == self.root:
+        path = self.store.path_of(location)
+        if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
             return path in self.files
         if path not in self._outside:
-            self._outside[path] = bool(self.fs.exists(path))
+            self._outside[path] = self.store.exists(path)
         return self._outside[path]
 
     @property
@@ -168,22 +154,20 @@ def _depth(path: str, root: str) -> int:
 
 def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> Listing | None:
     """List ``url`` once and classify it; None if it does not exist."""
-    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    store, root = FileStore.at(url, storage_options)
     root = root.rstrip("/") or "/"
-    if not fs.exists(root):
+    if not store.exists(root):
         return None
-    if not fs.isdir(root):
+    if not store.isdir(root):
         raise FlinkImportError(
             f"{url} is a file; give a Flink job's checkpoint directory "
             "(<checkpoint-dir>/<job-id>), a savepoint directory or a directory of savepoints"
         )
-    if _is_local(fs):
-        # the import needs only which files exist: a scandir walk, no stat per file (fsspec's
-        # find stats and builds an info dict for each of the tens of thousands of files)
-        files = dict.fromkeys(_local_files(root), 0)
+    if store.is_local:
+        # the import needs only which files exist: no stat per file
+        files = dict.fromkeys(store.file_paths(root), 0)
     else:
-        found = fs.find(root, detail=True)
-        files = {p: int(info.get("size") or 0) for p, info in found.items()}
+        files = {f"{root.rstrip('/')}/{f.path}": f.size for f in store.find(root)}
     children = {_child(p, root) for p in files}
     children.discard(None)
     top_dirs = {
@@ -203,36 +187,13 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
                 if CHK_DIR.match(posixpath.basename(posixpath.dirname(p)))
             }
         )
-        some = ", ".join(fs.unstrip_protocol(n) for n in nested[:3])
+        some = ", ".join(store.url_of(n) for n in nested[:3])
         hint = f"; it holds job directories: import one of {some}" if nested else ""
         raise FlinkImportError(
             f"{url} is not a Flink job checkpoint directory (chk-N/, shared/), a savepoint "
             f"directory (_metadata) or a directory of savepoints{hint}"
         )
-    return Listing(url, fs, root, role, files)
-
-
-def _is_local(fs: AbstractFileSystem) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-
-def _local_files(root: str) -> list[str]:
-    """Every file under local directory ``root`` (symlinks not followed, as fsspec's find)."""
-    out: list[str] = []
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue  # gone since it was listed (a running job's checkpoint subsumed)
-        with entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
-                    out.append(entry.path)
-    return out
+    return Listing(url, store, root, role, files)
 
 
 def _child(path: str, root: str) -> str | None:
@@ -246,22 +207,9 @@ def operator_key(uid: str, operator_id: str) -> str:
     return uid or operator_id
 
 
-def url_maker(fs: AbstractFileSystem) -> Callable[[str], str]:
-    """``location -> catalog URL`` on ``fs``; local absolute paths without fsspec's per-call cost
-    (tens of thousands of shared files per import)."""
-    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-    def to_url(location: str) -> str:
-        if local and location.startswith("/") and "//" not in location:
-            return "file://" + location
-        return fs.unstrip_protocol(fs._strip_protocol(location))
-
-    return to_url
-
-
-def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileRef]:
+def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     """Catalog file references of one snapshot: ``_metadata`` and every on-disk handle."""
-    to_url = url_maker(fs)
+    to_url = store.url_of
 
     refs = [
         FileRef(
@@ -304,7 +252,7 @@ def metadata_problems(
 
     ``attached``: catalog path -> size. Used by ``statectl verify`` for jobs of origin flink.
     """
-    fs, _ = fsspec.core.url_to_fs(location)
+    store, _ = FileStore.at(location)
     job_dir = (
         job_location
         if job_location and location.startswith(job_location.rstrip("/") + "/")
@@ -312,7 +260,7 @@ def metadata_problems(
     )
     meta = read_metadata(location, job_dir=job_dir)
     expected: dict[str, int] = {}
-    for ref in file_refs(meta, fs):
+    for ref in file_refs(meta, store):
         expected.setdefault(ref.path, ref.size)
     problems = []
     for path, size in sorted(expected.items()):
@@ -444,8 +392,8 @@ def import_flink(
     for url in paths:
         listing = list_directory(url, storage_options)
         if listing is None:
-            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-            root_url = fs.unstrip_protocol(root.rstrip("/"))
+            store, root = FileStore.at(url, storage_options)
+            root_url = store.url_of(root.rstrip("/"))
             if root_url in known_dirs:
                 report.missing_directories.append(root_url)
                 continue
@@ -468,7 +416,7 @@ def import_flink(
     for listing in listings:
         for mpath in listing.metadata_files():
             try:
-                data = listing.fs.cat_file(mpath)
+                data = listing.store.read_bytes(mpath)
             except FileNotFoundError:
                 continue  # subsumed by a running job since the listing: no longer a snapshot
             job_dir = (
@@ -541,8 +489,8 @@ def import_flink(
                 }
             )
             continue
-        if prior is not None and prior.status != "PENDING":
-            if prior.status == "COMPLETED":
+        if prior is not None and prior.status is not SnapshotStatus.PENDING:
+            if prior.status is SnapshotStatus.COMPLETED:
                 report.unchanged.append(prior.checkpoint_id)
             else:
                 report.skipped.append(
@@ -570,7 +518,7 @@ def import_flink(
                 }
             )
             continue
-        refs = file_refs(meta, listing.fs)
+        refs = file_refs(meta, listing.store)
         stats = key_group_stats(meta)
         parallelism, snap_max_p = _catalog_parallelism(meta)
         if prior is None:
@@ -599,7 +547,7 @@ def import_flink(
 
     # Snapshots imported from these directories whose _metadata is gone: mark them.
     roots = [lst.root_url for lst in listings] + report.missing_directories
-    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+    for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
         if snap.location in present_locations:
             continue
         if not any(

@@ -25,15 +25,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
-import fsspec.core
-
+from state_engine.checkpoint.storage import FileStore, open_url
 from state_engine.errors import (
     FlinkMetadataError,
     FlinkPathEscapes,
     UnsupportedFlinkMetadataVersion,
 )
 from state_engine.flink.javaser import JavaEnum, JavaObject, decode_modified_utf8, read_java_object
+from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
 
 METADATA_FILE_NAME = "_metadata"
 HEADER_MAGIC_NUMBER = 0x4960672D
@@ -134,12 +133,12 @@ class StreamHandle:
         return self.type == INLINE
 
     def read_bytes(self) -> bytes:
-        """The handle's bytes (inline data, or the file/segment read through fsspec)."""
+        """The handle's bytes (inline data, or the file/segment read from storage)."""
         if self.type == INLINE:
             return self.data or b""
         if self.type == EMPTY_SEGMENT or self.location is None:
             return b""
-        with fsspec.open(self.location, "rb") as f:
+        with open_url(self.location) as f:
             if self.type == SEGMENT:
                 f.seek(self.start_pos)
                 return f.read(self.size)
@@ -738,9 +737,11 @@ def _read_operator(r: _Reader, version: int) -> OperatorState:
     at = r.pos
     parallelism = r.i32("the operator parallelism")
     max_p = r.i32("the operator max parallelism")
-    if not (0 < parallelism <= max_p <= 1 << 15):
+    if not (0 < parallelism <= max_p <= UPPER_BOUND_MAX_PARALLELISM):
         raise r.fail(
-            f"a parallelism in 1..max parallelism <= 32768, found {parallelism} / {max_p}", at
+            f"a parallelism in 1..max parallelism <= {UPPER_BOUND_MAX_PARALLELISM}, found "
+            f"{parallelism} / {max_p}",
+            at,
         )
     op = OperatorState(op_id, name, uid, parallelism, max_p)
     op.coordinator_state = _read_stream_handle(r)
@@ -834,7 +835,7 @@ def _kind_and_format(
 
 
 def _local_url(uri: str) -> str:
-    """A Flink URI as fsspec addresses it (``file:/x`` -> ``/x``; other schemes unchanged)."""
+    """A Flink URI as storage addresses it (``file:/x`` -> ``/x``; other schemes unchanged)."""
     if uri.startswith("file://"):
         rest = uri[len("file://") :]
         return rest if rest.startswith("/") else "/" + rest.split("/", 1)[-1]
@@ -956,12 +957,12 @@ def metadata_from_bytes(
     version, cid, masters, operators, props = parse_metadata(data, metadata_path)
     kind, fmt, type_name, sharing = _kind_and_format(props, directory, operators)
     if exists is None:
-        fs, _ = fsspec.core.url_to_fs(directory or "/")
+        store, _ = FileStore.at(directory or "/")
         cache: dict[str, bool] = {}
 
         def exists(loc: str) -> bool:
             if loc not in cache:
-                cache[loc] = bool(fs.exists(loc))
+                cache[loc] = store.exists(loc)
             return cache[loc]
 
     resolver = PathResolver(directory, job_dir, exists, metadata_path)
@@ -1001,7 +1002,7 @@ def read_metadata(
     """
     path = metadata_file(path_or_url)
     try:
-        with fsspec.open(path, "rb") as f:
+        with open_url(path) as f:
             data: Any = f.read()
     except FileNotFoundError:
         raise FlinkMetadataError(

@@ -1,4 +1,4 @@
-"""Expire and orphan cleanup on Flink directories: plain Python over fsspec, under the job's lease.
+"""Expire and orphan cleanup on Flink directories, in plain Python under the job's lease.
 
 ``statectl maintain expire`` / ``maintain orphan_cleanup`` dispatch here for jobs of origin
 ``flink`` (see :func:`flink_runner`); no Spark starts. Both are recorded maintenance runs
@@ -32,7 +32,6 @@ The ``--json`` report names every file deleted (or, with ``--dry-run``, that wou
 
 from __future__ import annotations
 
-import os
 import posixpath
 import time
 from collections.abc import Callable
@@ -40,10 +39,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import fsspec.core
-
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import remove_empty_dirs
+from state_engine.checkpoint.storage import FileStore, remove_empty_dirs
 from state_engine.errors import (
     FlinkJobDirectoryMissing,
     FlinkMetadataError,
@@ -55,7 +52,6 @@ from state_engine.flink.import_job import (
     CHK_DIR,
     ROLE_CHECKPOINTS,
     file_refs,
-    url_maker,
 )
 from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
 from state_engine.jobs.deletion import (
@@ -70,6 +66,7 @@ from state_engine.jobs.deletion import (
     wait_seconds,
 )
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -108,28 +105,30 @@ def disk_checkpoints(catalog: Catalog, job: str) -> dict[str, dict[str, int]]:
     its location URL -> the files it references (URL -> size), ``_metadata`` included."""
     out: dict[str, dict[str, int]] = {}
     for root_url in checkpoint_dirs(catalog, job):
-        fs, root = fsspec.core.url_to_fs(root_url)
+        store, root = FileStore.at(root_url)
         root = root.rstrip("/")
-        for path in sorted(fs.glob(f"{root}/chk-*/{METADATA_FILE_NAME}")):
-            out[fs.unstrip_protocol(posixpath.dirname(path))] = _refs_of(fs, path, root)
+        for path in store.glob(f"{root}/chk-*/{METADATA_FILE_NAME}"):
+            out[store.url_of(posixpath.dirname(path))] = _refs_of(store, path, root)
     return out
 
 
-def _refs_of(fs: Any, path: str, root: str, files: set[str] | None = None) -> dict[str, int]:
+def _refs_of(
+    store: FileStore, path: str, root: str, files: set[str] | None = None
+) -> dict[str, int]:
     def exists(loc: str) -> bool:
-        stripped = fs._strip_protocol(loc)
+        stripped = store.path_of(loc)
         if files is not None and stripped.startswith(root + "/"):
             return stripped in files
-        return bool(fs.exists(stripped))  # outside the listing (a NO_CLAIM ancestor's file)
+        return store.exists(stripped)  # outside the listing (a NO_CLAIM ancestor's file)
 
     try:
-        meta = metadata_from_bytes(bytes(fs.cat_file(path)), path, job_dir=root, exists=exists)
+        meta = metadata_from_bytes(store.read_bytes(path), path, job_dir=root, exists=exists)
     except FlinkMetadataError as exc:
         raise FlinkMetadataError(
             f"{exc}; nothing was deleted (a checkpoint that cannot be read might reference any "
             "file)"
         ) from None
-    return {r.path: r.size for r in file_refs(meta, fs)}
+    return {r.path: r.size for r in file_refs(meta, store)}
 
 
 # --- expire ---
@@ -147,13 +146,12 @@ def completed_at(snap: Any) -> float:
     """When Flink completed ``snap`` (epoch seconds): its ``_metadata``'s modification time, else
     the catalog's completion (import) time."""
     try:
-        fs, path = fsspec.core.url_to_fs(snap.location.rstrip("/") + "/" + METADATA_FILE_NAME)
-        info = fs.info(path)
+        store, path = FileStore.at(snap.location.rstrip("/") + "/" + METADATA_FILE_NAME)
+        modified = store.modified(path)
     except (FileNotFoundError, OSError):
-        info = None
-    mtime = None if info is None else _info_mtime(info)
-    if mtime is not None:
-        return mtime
+        modified = None
+    if modified is not None:
+        return modified.timestamp()
     done = snap.completed_at or snap.created_at
     return float(as_aware(done).timestamp())
 
@@ -167,9 +165,9 @@ def _expire_plan(
     cutoff: datetime | None = None,
 ) -> ExpirePlan:
     plan = ExpirePlan()
-    completed = catalog.list_snapshots(job, status="COMPLETED")
+    completed = catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED)
     checkpoints = sorted(
-        (s for s in completed if s.kind == "CHECKPOINT"), key=lambda s: -s.checkpoint_id
+        (s for s in completed if s.kind is SnapshotKind.CHECKPOINT), key=lambda s: -s.checkpoint_id
     )
     if retain_last is not None or cutoff is not None:
         selected = checkpoints[retain_last or 0 :]
@@ -190,7 +188,7 @@ def _expire_plan(
         snap = next((s for s in completed if str(s.id) == str(want)), None) or by_name.get(
             str(want)
         )
-        if snap is None or snap.kind != "SAVEPOINT":
+        if snap is None or snap.kind is not SnapshotKind.SAVEPOINT:
             raise InvalidJobParams(
                 f"--savepoint {want!r} is not a COMPLETED savepoint of Flink job {job!r} (give "
                 "its snapshot id or directory name; `statectl snapshots JOB` lists them)"
@@ -198,15 +196,13 @@ def _expire_plan(
         plan.expired.append(snap)
     expired_ids = {s.id for s in plan.expired}
     retained = [
-        s
-        for s in catalog.list_snapshots(job, status=["COMPLETED", "PENDING"])
-        if s.id not in expired_ids
+        s for s in catalog.list_snapshots(job, status=RETAINED_STATUSES) if s.id not in expired_ids
     ]
     live: set[str] = set()
     for s in retained:
         live.update(f.path for f in catalog.snapshot_files(s.id))
     dead = {s.location for s in plan.expired}
-    dead |= {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    dead |= {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
     on_disk = disk_checkpoints(catalog, job)
     for location, refs in on_disk.items():
         if location not in dead:
@@ -275,7 +271,7 @@ def expire_body(
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in done.paths] + plan.dead_dirs,
             dirs,
-            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+            keep=[s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)],
         )
     return JobResult(
         bytes_in=sum(plan.files.values()),
@@ -316,25 +312,25 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
     plan = OrphanPlan()
     own = [p for p, _ in catalog.job_directories(job)]
     # an expired checkpoint whose _metadata survived a crash pins nothing
-    dead = {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    dead = {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
     referenced: set[str] = set(catalog.live_paths(job))
     listed: dict[str, tuple[int, float]] = {}
     for root_url in dirs:
-        fs, root = fsspec.core.url_to_fs(root_url)
+        store, root = FileStore.at(root_url)
         root = root.rstrip("/")
-        if not fs.exists(root):
+        if not store.exists(root):
             raise FlinkJobDirectoryMissing(
                 f"the checkpoint directory {root_url} of Flink job {job!r} is gone; nothing was "
                 "deleted (re-import the job to mark its snapshots vanished)"
             )
-        to_url = url_maker(fs)
-        found = _list_files(fs, root)
-        files = set(found)
-        skip = len(root) + 1
+        to_url = store.url_of
+        found = store.find(root)
+        files = {f"{root}/{f.path}" for f in found}
+        now = time.time()
         heads: dict[str, bool] = {}  # first path component -> Flink's to clean?
         chk_heads: set[str] = set()
-        for path, size_mtime in found.items():
-            head, sep, _ = path[skip:].partition("/")
+        for f in found:
+            head, sep, _ = f.path.partition("/")
             if not sep:
                 continue  # a file directly in the job directory: not Flink's
             keep = heads.get(head)
@@ -344,14 +340,16 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 if is_chk:
                     chk_heads.add(head)
             if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
-                listed[to_url(path)] = size_mtime
+                # unknown age: treat as new, never delete
+                mtime = f.modified_at if f.modified_at is not None else now
+                listed[to_url(f"{root}/{f.path}")] = (f.size, mtime)
         # Every completed checkpoint on disk now, imported or not, pins its files.
         for head in sorted(chk_heads):
             path = f"{root}/{head}/{METADATA_FILE_NAME}"
             if path not in files:
                 plan.in_flight.append(to_url(f"{root}/{head}"))
             elif to_url(f"{root}/{head}") not in dead:
-                referenced.update(_refs_of(fs, path, root, files))
+                referenced.update(_refs_of(store, path, root, files))
     plan.listed = len(listed)
     plan.referenced = len(referenced)
     plan.foreign = sorted(u for u in referenced if not _under(u, own))
@@ -370,74 +368,26 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
     return plan
 
 
-def _list_files(fs: Any, root: str) -> dict[str, tuple[int, float]]:
-    """Every file under ``root``: path -> (size, modification time). Local directories by a
-    scandir walk (a third of fsspec's find: no info dict per file), others by ``find``."""
-    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        out = {}
-        for path, info in fs.find(root, detail=True).items():
-            mtime = info.get("mtime")
-            if not isinstance(mtime, int | float):
-                mtime = _mtime(info)
-            out[path] = (info.get("size") or 0, mtime)
-        return out
-    found: dict[str, tuple[int, float]] = {}
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # removed since its parent was read (Flink subsumed a checkpoint)
-        with entries:
-            for entry in entries:
-                try:
-                    if entry.is_dir():  # a link to a directory is walked, as fsspec does
-                        stack.append(entry.path)
-                        continue
-                    st = entry.stat()
-                except FileNotFoundError:  # gone meanwhile, or a dangling link: its own stat
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                found[entry.path] = (st.st_size, st.st_mtime)
-    return found
-
-
 def _empty_chk_dirs(dirs: list[str], cutoff: datetime) -> list[str]:
     """Empty ``chk-N`` directories last modified before the cut-off (an earlier run emptied
     them; a newer empty one may be a checkpoint Flink just started)."""
     out = []
     limit = cutoff.timestamp()
     for root_url in dirs:
-        fs, root = fsspec.core.url_to_fs(root_url)
-        for info in fs.ls(root.rstrip("/"), detail=True):
-            name = posixpath.basename(info["name"].rstrip("/"))
-            if info.get("type") != "directory" or not CHK_DIR.match(name):
+        store, root = FileStore.at(root_url)
+        for entry in store.ls(root.rstrip("/")):
+            name = posixpath.basename(entry.path)
+            if not entry.is_dir or not CHK_DIR.match(name):
                 continue
-            if _mtime(info) < limit and not fs.ls(info["name"], detail=False):
-                out.append(fs.unstrip_protocol(info["name"]))
+            # unknown age: treat as new, never delete
+            mtime = entry.modified.timestamp() if entry.modified is not None else time.time()
+            if mtime < limit and store.is_empty_dir(entry.path):
+                out.append(store.url_of(entry.path))
     return out
 
 
 def _head(path: str, root: str) -> str:
     return path[len(root) + 1 :].split("/", 1)[0] if path.startswith(root + "/") else ""
-
-
-def _info_mtime(info: dict[str, Any]) -> float | None:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if isinstance(value, int | float):
-            return float(value)
-        if value is not None and hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return None
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    mtime = _info_mtime(info)
-    return time.time() if mtime is None else mtime  # unknown age: treat as new, never delete
 
 
 def orphan_body(
@@ -477,7 +427,7 @@ def orphan_body(
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in deleted] + _empty_chk_dirs(dirs, cutoff),
             dirs,
-            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+            keep=[s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)],
         )
     nbytes = sum(plan.orphans[u] for u in deleted)
     return JobResult(

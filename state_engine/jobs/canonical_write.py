@@ -326,7 +326,7 @@ def write_frame(
             snap = target.open()
             for o in outputs:
                 for f in o.files:
-                    snap.fs.rm_file(snap.resolve(f.path))
+                    snap.remove_file(f.path)
             raise
         yield pa.RecordBatch.from_arrays(
             [

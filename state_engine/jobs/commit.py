@@ -32,6 +32,7 @@ from state_engine.config import Settings
 from state_engine.errors import CommitConflict, InvalidJobParams
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import RangeOutput, TargetSpec
+from state_engine.snapshot_enums import UNFINISHED_STATUSES, SnapshotStatus
 
 RUN_TAG_PREFIX = "run-"
 
@@ -77,10 +78,10 @@ def previous_output(catalog: Catalog, job: str, tag: str) -> SnapshotRecord | No
     for snap in catalog.list_snapshots(job):
         if snap.trigger != tag:
             continue
-        if snap.status == "COMPLETED":
+        if snap.status is SnapshotStatus.COMPLETED:
             done = snap
-        elif snap.status in ("PENDING", "FAILED"):
-            if snap.status == "PENDING":
+        elif snap.status in UNFINISHED_STATUSES:
+            if snap.status is SnapshotStatus.PENDING:
                 catalog.fail_snapshot(snap.id, error="abandoned by an earlier attempt of its run")
             _remove_dir(SnapshotDir.from_url(snap.location))
     return done
@@ -223,7 +224,7 @@ def commit_output(
     data = meta.to_json()
     refs.append(
         FileRef(
-            snap.fs.unstrip_protocol(snap.metadata_path),
+            snap.metadata_url,
             len(data),
             format_checksum(zlib.crc32(data)),
             details={"kind": METADATA_FILE},
@@ -246,17 +247,16 @@ def commit_output(
 def abort_output(catalog: Catalog, out: OutputSnapshot, error: str) -> None:
     """Fail the PENDING output and remove everything written under its directory."""
     current = catalog.get_snapshot(out.record.id)
-    if current.status == "PENDING":
+    if current.status is SnapshotStatus.PENDING:
         catalog.fail_snapshot(out.record.id, error=error[:2000])
-    if current.status in ("PENDING", "FAILED"):
+    if current.status in UNFINISHED_STATUSES:
         _remove_dir(out.snapshot)
 
 
 def _url(snap: SnapshotDir, relative: str) -> str:
-    return snap.fs.unstrip_protocol(snap.resolve(relative))
+    return snap.url_of(relative)
 
 
 def _remove_dir(snap: SnapshotDir) -> None:
     # only ever a directory of a snapshot that never completed: its files are its own
-    if snap.fs.exists(snap.path):
-        snap.fs.rm(snap.path, recursive=True)
+    snap.remove()

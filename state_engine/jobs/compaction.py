@@ -71,6 +71,7 @@ from state_engine.jobs.snapshot_read import (
 from state_engine.jobs.spark import check_reachable
 from state_engine.jobs.ttl_cleanup import copy_operator_state
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,7 +83,7 @@ MIN_TARGET_FILE_BYTES = 1 << 10
 def load_source(catalog: Catalog, snapshot_id: int, *, allow: tuple[SnapshotFormat, ...]):
     """A COMPLETED snapshot of one of the ``allow`` formats (by its files), reachable by Spark."""
     record = catalog.get_snapshot(snapshot_id)
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         raise SnapshotNotUsable(
             f"snapshot {record.id} of job {record.job!r} is {record.status}, not COMPLETED; only "
             f"completed snapshots are read: pick one from `statectl snapshots {record.job}`"
@@ -156,8 +157,8 @@ def chain_snapshots(catalog: Catalog, record: Any) -> list[Any]:
     for snap in catalog.list_snapshots(record.job):
         if (
             snap.id == record.id
-            or snap.kind != "CHECKPOINT"
-            or snap.status != "COMPLETED"
+            or snap.kind is not SnapshotKind.CHECKPOINT
+            or snap.status is not SnapshotStatus.COMPLETED
             or snap.checkpoint_id >= record.checkpoint_id
         ):
             continue
@@ -170,12 +171,12 @@ def chain_snapshots(catalog: Catalog, record: Any) -> list[Any]:
 
 def release_chain(catalog: Catalog, record: Any, output_id: int, tag: str) -> dict[str, Any]:
     """Subsume the chain's checkpoints, unless the job has a snapshot in flight."""
-    if record.kind != "CHECKPOINT":
+    if record.kind is not SnapshotKind.CHECKPOINT:
         return {"released": False, "reason": "the input is a savepoint: the user owns it"}
     busy = [
         s.checkpoint_id
         for s in catalog.list_snapshots(record.job)
-        if s.status == "PENDING" and s.trigger != tag and s.id != output_id
+        if s.status is SnapshotStatus.PENDING and s.trigger != tag and s.id != output_id
     ]
     if busy:
         return {
@@ -232,7 +233,7 @@ def run(
         catalog,
         storage_for(catalog, record.job, ctx.settings),
         record.job,
-        kind="CHECKPOINT",
+        kind=SnapshotKind.CHECKPOINT,
         parallelism=meta.parallelism,
         max_parallelism=meta.max_parallelism,
         tag=ctx.tag,

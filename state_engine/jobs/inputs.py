@@ -17,6 +17,7 @@ from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
 from state_engine.jobs.run import RunTarget
 from state_engine.jobs.spark import check_reachable
+from state_engine.snapshot_enums import SnapshotStatus
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,12 @@ def resolve_input(catalog: Catalog, params: dict[str, Any]) -> RunTarget:
 def load_input(catalog: Catalog, snapshot_id: int) -> InputSnapshot:
     """A COMPLETED canonical snapshot, reachable by Spark, with its verified ``_metadata``."""
     record = catalog.get_snapshot(snapshot_id)
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         raise SnapshotNotUsable(
             f"snapshot {record.id} of job {record.job!r} is {record.status}, not COMPLETED; "
             f"only completed snapshots are read: pick one from `statectl snapshots {record.job}`"
         )
-    if record.format != str(SnapshotFormat.CANONICAL):
+    if record.format is not SnapshotFormat.CANONICAL:
         raise SnapshotNotUsable(
             f"snapshot {record.id} of job {record.job!r} is in {record.format} format; this job "
             "reads canonical snapshots: run compaction (delta) or a savepoint (native) first"

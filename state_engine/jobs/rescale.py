@@ -296,8 +296,7 @@ SPILL_RUN_BYTES = 256 << 20
 
 
 def _is_local(snap: SnapshotDir) -> bool:
-    protocol = snap.fs.protocol
-    return "file" in (protocol if isinstance(protocol, tuple | list) else (protocol,))
+    return snap.store.is_local
 
 
 def _spill_run(
@@ -324,10 +323,10 @@ def _spill_run(
         path = out.resolve(rel)
         part = table.slice(lo, hi - lo)
         if local:
-            out.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            out.store.makedirs(posixpath.dirname(path))
             sink: Any = pa.OSFile(path, "wb")
         else:
-            sink = out.fs.open(path, "wb")
+            sink = out.store.open_write(path)
         with sink, pa.ipc.new_file(sink, KEYED_SCHEMA) as w:
             w.write_table(part)
         written[d] = rel
@@ -469,7 +468,7 @@ def write_direct(
         snap = target.open()
         for o in outputs:
             for f in o.files:
-                snap.fs.rm_file(snap.resolve(f.path))
+                snap.remove_file(f.path)
         raise
     return outputs, rows, stats.bytes_read
 
@@ -550,9 +549,7 @@ def rebucket(
         finally:
             # spill files are never part of the snapshot: gone before _metadata is written
             snap = out.snapshot
-            spill = snap.resolve(SPILL_DIR)
-            if snap.fs.exists(spill):
-                snap.fs.rm(spill, recursive=True)
+            snap.store.delete_tree(snap.resolve(SPILL_DIR))
     op_files = write_operator_state_files(src, meta, out, new_p)
     template = SnapshotMetadata(
         job=meta.job,
@@ -594,7 +591,7 @@ def run(
     job_max = catalog.get_job(record.job).max_parallelism
     new_p, new_max = check_target(parallelism, max_parallelism, job_max)
     same = new_max == record.max_parallelism == job_max
-    if same and (kind or "CHECKPOINT").upper() != "CHECKPOINT":
+    if same and (kind or SnapshotKind.CHECKPOINT).upper() != SnapshotKind.CHECKPOINT:
         raise InvalidJobParams(
             "a rescale at the same max parallelism is a checkpoint over the input's files; a "
             "savepoint must hold its own files: take it with the savepoint job instead"
@@ -615,7 +612,7 @@ def run(
             if same
             else (SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
         )
-        if same and source.kind != "CHECKPOINT":
+        if same and source.kind is not SnapshotKind.CHECKPOINT:
             raise SnapshotNotUsable(
                 f"snapshot {source.id} is a savepoint; a checkpoint must not depend on files the "
                 "user owns: restore the savepoint at the new parallelism directly (canonical "
@@ -643,7 +640,7 @@ def run(
             catalog,
             storage_for(catalog, record.job, ctx.settings),
             record.job,
-            kind="CHECKPOINT" if same else (kind or "SAVEPOINT"),
+            kind=SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
             parallelism=new_p,
             max_parallelism=new_max,
             tag=ctx.tag,

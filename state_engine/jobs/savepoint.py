@@ -60,6 +60,7 @@ from state_engine.jobs.ttl_cleanup import (
     expired_mask,
     thresholds_for,
 )
+from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -186,7 +187,7 @@ def run(
         catalog,
         storage_for(catalog, record.job, ctx.settings),
         record.job,
-        kind="SAVEPOINT",
+        kind=SnapshotKind.SAVEPOINT,
         parallelism=meta.parallelism,
         max_parallelism=meta.max_parallelism,
         tag=ctx.tag,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from state_engine.errors import InvalidJob, StatekeeperError
+from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:
     from state_engine.checkpoint.manager import CheckpointManager
@@ -110,7 +111,7 @@ class CheckpointCoordinator:
         self,
         records: int,
         *,
-        kind: str = "CHECKPOINT",
+        kind: str = SnapshotKind.CHECKPOINT,
         savepoint_dir: str | None = None,
         trigger: str = "periodic",
     ) -> _InFlight:
@@ -154,7 +155,7 @@ class CheckpointCoordinator:
             self.stats.failed.append(f"{flight.kind} at barrier {flight.barrier}: {exc}")
             return
         flight.pending = record
-        if flight.kind == "SAVEPOINT":
+        if flight.kind == SnapshotKind.SAVEPOINT:
             self.stats.savepoints.append(record)
             return
         self.stats.completed.append(record)

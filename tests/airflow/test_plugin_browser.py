@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import sk_png
-from sk_airflow_support import MovableClock
-from sk_browser import INSTALL_HINT, Deadline, chromium, find_chromium, stop
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+from tests.airflow import sk_png
+from tests.airflow.sk_airflow_support import MovableClock
+from tests.airflow.sk_browser import INSTALL_HINT, Deadline, chromium, find_chromium, stop
 
 pytestmark = pytest.mark.slow
 
@@ -64,15 +64,13 @@ def chromium_binary() -> str:
 
 
 @pytest.fixture(scope="module")
-def browser_catalog(
-    migrated_catalog_template: Path, tmp_path_factory: pytest.TempPathFactory
-) -> str:
+def browser_catalog(sqlite_catalog_template: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Job ``orders``: eight completed checkpoints an hour apart, its state growing, two
     operators, and a hot key group (7) in every snapshot."""
     import shutil
 
     path = tmp_path_factory.mktemp("browser-catalog") / "catalog.db"
-    shutil.copyfile(migrated_catalog_template, path)
+    shutil.copyfile(sqlite_catalog_template, path)
     url = f"sqlite:///{path}"
     now = datetime.now(UTC)
     clock = MovableClock(now)
@@ -329,7 +327,7 @@ def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
     horizontal overflow (the page's scroll width), dates on one line, the theme followed."""
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    seen: dict[tuple[str, int, str], dict[str, object]] = {}
+    seen: dict[tuple[str, int, str], dict[str, Any]] = {}
     with chromium(chromium_binary, tmp_path / "profile") as page:
         log_in(page, api_server)
         page.navigate(f"{api_server.url}/statekeeper/")
@@ -360,7 +358,7 @@ def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
         assert got["scroll"] <= got["width"] == width, f"horizontal overflow on {where}"
         assert got["wrappedDates"] == 0, f"a date wraps on {where}"
         assert theme in str(got["theme"]), where
-        brightness = sum(got["corner"]) / 3  # type: ignore[arg-type]
+        brightness = sum(got["corner"]) / 3
         assert (brightness < 80) if theme == "dark" else (brightness > 230), where
     assert seen[("/statekeeper/runs", 1024, "light")]["dates"] >= 3
 
@@ -447,7 +445,7 @@ def until(page: object, condition: str, timeout: float = 120) -> None:
         "    .observe(document, {subtree: true, childList: true, attributes: true});"
         "})"
     )
-    result = page.call(  # type: ignore[attr-defined]
+    result = page.call(  # type: ignore[attr-defined]  # the fixture yields an untyped page
         "Runtime.evaluate", timeout=timeout, expression=script, awaitPromise=True,
         returnByValue=True,
     )  # fmt: skip

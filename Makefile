@@ -87,4 +87,4 @@ bench: install
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
-	rm -rf $(VENV) .statekeeper .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .statekeeper .pytest_cache .ruff_cache .mypy_cache .hypothesis

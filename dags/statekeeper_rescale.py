@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import Param, dag
-from statekeeper_airflow.actions import known_jobs
+from statekeeper_airflow.actions import job_examples
 from statekeeper_airflow.operators import StatekeeperJobOperator
 
 from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
@@ -53,7 +53,7 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             type="string",
             minLength=1,
             # the catalog's jobs when this file was parsed, as suggestions (any name is accepted)
-            **({"examples": jobs} if (jobs := known_jobs()) else {}),
+            **job_examples(),
             title="Job",
             description="Name of the Statekeeper job to rescale (as listed by `statectl jobs`).",
         ),

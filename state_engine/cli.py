@@ -273,7 +273,7 @@ def _byte_count(text: str) -> int:
 def _command(
     subparsers: Any, name: str, handler: Handler, help: str, *, json_output: bool = True
 ) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(name, help=help, description=help)
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help, description=help)
     parser.set_defaults(handler=handler)
     if json_output:
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -160,7 +160,7 @@ class StreamSize:
     def total(self) -> int:
         return self.partitions * self.records_per_partition
 
-    def stream(self) -> dict[str, int]:
+    def stream(self) -> fraud.StreamSize:
         return {
             "partitions": self.partitions,
             "records_per_partition": self.records_per_partition,
@@ -243,9 +243,11 @@ class AirflowMaintainer:
             if run.dag_id == dag_id and run.airflow_run_id == test.run_id:
                 runs.setdefault(run.kind, run)
         for kind, _ in jobs:
-            run = runs.get(kind)
-            if run is None or run.status != "SUCCEEDED":
-                state = "no run in the catalog" if run is None else f"{run.status}: {run.error}"
+            found = runs.get(kind)
+            if found is None or found.status != "SUCCEEDED":
+                state = (
+                    "no run in the catalog" if found is None else f"{found.status}: {found.error}"
+                )
                 raise DemoAirflowError(
                     failure_message(test, f": its {kind} run for {JOB!r} has {state}")
                 )
@@ -636,7 +638,7 @@ class Demo:
     def summary(self) -> None:
         c, catalog = self.console, self._catalog()
         c.line("jobs:")
-        rows = []
+        rows: list[tuple[object, ...]] = []  # three tables, each row a tuple of its cells
         for j in catalog.list_jobs():
             latest = catalog.latest_snapshot(j.name)
             rows.append(

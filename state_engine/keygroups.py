@@ -101,7 +101,7 @@ class KeyGroupRange:
         return self.end - self.start + 1
 
     def __contains__(self, key_group: object) -> bool:
-        return _is_int(key_group) and self.start <= key_group <= self.end  # type: ignore[operator]
+        return _is_int(key_group) and self.start <= key_group <= self.end  # type: ignore[operator]  # _is_int: an int
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.start, self.end + 1))

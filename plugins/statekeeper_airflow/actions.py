@@ -6,7 +6,7 @@ permissions decide who may trigger what. The links carry the job (and snapshot) 
 form's configuration in the URL (``?conf={...}``, as Airflow 2.7+ read it). Airflow 3.3.2's UI has
 no way to pre-fill a trigger form from a link (apache/airflow#59231 added one, #59769 reverted it;
 #54800 is open), so the DAG's trigger form offers the catalog's jobs as suggestions
-(:func:`known_jobs`) and each page shows the configuration JSON to paste.
+(:func:`job_examples`) and each page shows the configuration JSON to paste.
 
 Links are relative to the plugin's root (``root``), so they work under any ``[api] base_url``.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlencode
 
 #: Where the plugin app is mounted under Airflow's root (statekeeper_plugin.py's url_prefix).
@@ -105,3 +106,9 @@ def known_jobs(limit: int = 200) -> list[str]:
             return [j.name for j in catalog.list_jobs(limit=limit)]
     except Exception:  # noqa: BLE001  (parse-time suggestions are optional by design)
         return []
+
+
+def job_examples() -> dict[str, Any]:
+    """A job ``Param``'s JSON-schema keywords: the catalog's jobs as ``examples``, or none."""
+    jobs = known_jobs()
+    return {"examples": jobs} if jobs else {}

@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from datetime import UTC, datetime
 from html import escape
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query
@@ -91,7 +91,7 @@ def actions_bar(job: str, root: str, snapshot_id: int | None = None) -> str:
     )
 
 
-def window(result: Page[object], limit: int) -> Window:
+def window(result: Page[Any], limit: int) -> Window:
     return Window(result.total, result.offset, limit, len(result.items))
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from sqlalchemy import Select, case, delete, func, insert, literal, select, update
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -533,7 +533,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     )
             _executemany(
                 s,
-                KeyGroupStat.__table__.name,
+                KeyGroupStat.__tablename__,
                 ("snapshot_id", "operator_id", "key_group", "rows", "bytes"),
                 [(snap.id, op_ids[r.operator], r.key_group, r.rows, r.bytes) for r in rows],
             )
@@ -748,9 +748,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     f"{job_row.name!r} (e.g. {live[0]}); subsume or discard those snapshots first"
                 )
             ids = [fid for fid, _, _ in rows]
-            for part in chunks(ids):
-                s.execute(delete(SnapshotFile).where(SnapshotFile.file_id.in_(part)))
-                s.execute(delete(File).where(File.id.in_(part)))
+            for id_part in chunks(ids):
+                s.execute(delete(SnapshotFile).where(SnapshotFile.file_id.in_(id_part)))
+                s.execute(delete(File).where(File.id.in_(id_part)))
             return len(ids)
 
     # --- questions ---
@@ -879,9 +879,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             for uid in missing:
                 check_name(uid, "an operator uid")
             returned = s.connection().execute(
-                insert(Operator.__table__).returning(
-                    Operator.__table__.c.uid, Operator.__table__.c.id
-                ),
+                insert(Operator).returning(Operator.uid, Operator.id),
                 [{"job_id": job_id, "uid": uid, "created_at": now} for uid in missing],
             )
             found.update(returned.all())
@@ -916,15 +914,19 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 f"snapshot {snapshot_id} is {status}; only a {' or '.join(allowed)} snapshot can "
                 f"become {target}"
             )
-        changed = s.execute(
-            update(Snapshot)
-            .where(
-                Snapshot.id == snapshot_id,
-                Snapshot.status == status,
-                Snapshot.version == version,
-            )
-            .values(status=target, version=Snapshot.version + 1, **values)
-            .execution_options(synchronize_session=False)
+        # an UPDATE's result is a CursorResult (Session.execute is typed with the base Result)
+        changed = cast(
+            "CursorResult[Any]",
+            s.execute(
+                update(Snapshot)
+                .where(
+                    Snapshot.id == snapshot_id,
+                    Snapshot.status == status,
+                    Snapshot.version == version,
+                )
+                .values(status=target, version=Snapshot.version + 1, **values)
+                .execution_options(synchronize_session=False)
+            ),
         ).rowcount
         if changed != 1:
             raise CommitConflict(
@@ -970,7 +972,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         )
 
 
-def _executemany(s: Session, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+def _executemany(
+    s: Session, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> None:
     """One DBAPI executemany of plain values (already validated and JSON-encoded).
 
     The hot path of snapshot registration: SQLAlchemy's per-row parameter processing would cost
@@ -982,13 +986,13 @@ def _executemany(s: Session, table: str, columns: tuple[str, ...], rows: list[tu
     conn.exec_driver_sql(sql, rows)
 
 
-def _jobs_stmt() -> Select[tuple[Job]]:
+def _jobs_stmt() -> Select[Job]:
     return select(Job).order_by(Job.name)
 
 
 def _snapshots_stmt(
     job_id: int, status: str | Sequence[str] | None, kind: str | None
-) -> Select[tuple[Snapshot]]:
+) -> Select[Snapshot]:
     stmt = select(Snapshot).where(Snapshot.job_id == job_id)
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
@@ -999,7 +1003,7 @@ def _snapshots_stmt(
     return stmt.order_by(Snapshot.checkpoint_id.desc())
 
 
-def _snapshot_files_stmt(snapshot_id: int) -> Select[Any]:
+def _snapshot_files_stmt(snapshot_id: int) -> Select[*tuple[Any, ...]]:
     # The tables rather than sk_v_snapshot_files: the reference id ends the ORDER BY, so pages
     # cut by offset never overlap or skip (one path may be read by several subtasks).
     return (

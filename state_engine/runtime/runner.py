@@ -325,10 +325,10 @@ class JobRunner:
                         if heap:
                             o.fire_processing_timers()
                     if n >= check_at:
-                        coordinator.poll()  # type: ignore[union-attr]
-                        if coordinator.due(n):  # type: ignore[union-attr]
-                            coordinator.trigger(n)  # type: ignore[union-attr]
-                        check_at = coordinator.next_check(n)  # type: ignore[union-attr]
+                        coordinator.poll()  # type: ignore[union-attr]  # None: check_at is maxsize
+                        if coordinator.due(n):  # type: ignore[union-attr]  # as above
+                            coordinator.trigger(n)  # type: ignore[union-attr]  # as above
+                        check_at = coordinator.next_check(n)  # type: ignore[union-attr]  # as above
                 if not progressed:
                     return False
         finally:

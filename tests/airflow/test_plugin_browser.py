@@ -27,18 +27,13 @@ from urllib.parse import parse_qs, quote
 
 import numpy as np
 import pytest
-import sk_png
-from sk_airflow_support import MovableClock
-from sk_browser import INSTALL_HINT, chromium, find_chromium
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
 from state_engine.checkpoint.storage import CheckpointStorage
-
-TESTS = Path(__file__).parents[1]
-sys.path[:0] = [str(TESTS / "cluster"), str(TESTS / "jobs")]
-
-from jobdata import make_snapshot  # noqa: E402
-from sk_cluster import (  # noqa: E402
+from tests.airflow import sk_png
+from tests.airflow.sk_airflow_support import MovableClock
+from tests.airflow.sk_browser import INSTALL_HINT, chromium, find_chromium
+from tests.cluster.sk_cluster import (
     AirflowDeployment,
     StackError,
     airflow_env,
@@ -46,6 +41,7 @@ from sk_cluster import (  # noqa: E402
     start_airflow,
     wait_until,
 )
+from tests.jobs.jobdata import make_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.spark]
 
@@ -87,7 +83,7 @@ def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def browser_catalog(
-    migrated_catalog_template: Path, tmp_path_factory: pytest.TempPathFactory, checkpoint_root: str
+    sqlite_catalog_template: Path, tmp_path_factory: pytest.TempPathFactory, checkpoint_root: str
 ) -> str:
     """Job ``orders``: eight completed checkpoints an hour apart, its state growing, two
     operators, and a hot key group (7) in every snapshot (catalog rows only: no files).
@@ -96,7 +92,7 @@ def browser_catalog(
     import shutil
 
     path = tmp_path_factory.mktemp("browser-catalog") / "catalog.db"
-    shutil.copyfile(migrated_catalog_template, path)
+    shutil.copyfile(sqlite_catalog_template, path)
     url = f"sqlite:///{path}"
     now = datetime.now(UTC)
     clock = MovableClock(now)
@@ -317,7 +313,7 @@ def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
     horizontal overflow (the page's scroll width), dates on one line, the theme followed."""
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    seen: dict[tuple[str, int, str], dict[str, object]] = {}
+    seen: dict[tuple[str, int, str], dict[str, Any]] = {}
     with chromium(chromium_binary, tmp_path / "profile") as page:
         log_in(page, api_server)
         page.navigate(f"{api_server.url}/statekeeper/")
@@ -348,7 +344,7 @@ def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
         assert got["scroll"] <= got["width"] == width, f"horizontal overflow on {where}"
         assert got["wrappedDates"] == 0, f"a date wraps on {where}"
         assert theme in str(got["theme"]), where
-        brightness = sum(got["corner"]) / 3  # type: ignore[arg-type]
+        brightness = sum(got["corner"]) / 3
         assert (brightness < 80) if theme == "dark" else (brightness > 230), where
     assert seen[("/statekeeper/runs", 1024, "light")]["dates"] >= 3
 
@@ -500,7 +496,7 @@ def until(page: object, condition: str, timeout: float = 120) -> None:
         "    .observe(document, {subtree: true, childList: true, attributes: true});"
         "})"
     )
-    result = page.call(  # type: ignore[attr-defined]
+    result = page.call(  # type: ignore[attr-defined]  # the fixture yields an untyped page
         "Runtime.evaluate", timeout=timeout, expression=script, awaitPromise=True,
         returnByValue=True,
     )  # fmt: skip

@@ -17,9 +17,7 @@ def s3_storage(stack, monkeypatch) -> CheckpointStorage:
     return CheckpointStorage(f"s3://{stack.s3.bucket}/storage-tests")
 
 
-def test_metadata_commits_once_even_against_a_racing_writer(
-    stack, s3_storage, monkeypatch
-) -> None:
+def test_metadata_commits_once_even_against_a_racing_writer(stack, s3_storage, monkeypatch) -> None:
     snap = SnapshotDir.from_url(s3_storage.url_of("orders/chk-1"))
     snap.write_file("part-0.parquet", b"rows")
     snap.commit_metadata(b'{"version": 1}')

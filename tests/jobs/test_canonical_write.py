@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from jobdata import MAX_P, OP
 
 from state_engine.checkpoint.canonical import read_entries
 from state_engine.checkpoint.metadata import read_metadata, verify
@@ -18,6 +17,7 @@ from state_engine.jobs.commit import begin_output, build_metadata, commit_output
 from state_engine.jobs.inputs import load_input
 from state_engine.jobs.spark import spark_url
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from tests.jobs.jobdata import MAX_P, OP
 
 
 @pytest.mark.parametrize("max_p,p,tasks", [(128, 1, 4), (128, 3, 4), (128, 3, 7), (7, 7, 100)])

@@ -6,7 +6,6 @@ import argparse
 import json
 
 import pytest
-from jobdata import OP, T0, TTL_MS, make_snapshot
 
 from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
 from state_engine.jobs import __main__ as jobs_main
@@ -22,6 +21,7 @@ from state_engine.jobs.state_inspect import (
 )
 from state_engine.keygroups import assign_to_key_group
 from state_engine.serde import IntSerializer, StrSerializer
+from tests.jobs.jobdata import OP, T0, TTL_MS, make_snapshot
 
 pytestmark = pytest.mark.spark
 

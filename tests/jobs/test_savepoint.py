@@ -5,41 +5,38 @@ request; a failing task leaves nothing visible."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-
-from jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot  # noqa: E402
-from sk_runtime_jobs import UserActivity, make_source, state_set, user_of  # noqa: E402
-
-from state_engine.catalog import Catalog  # noqa: E402
-from state_engine.checkpoint import (  # noqa: E402
+from state_engine.catalog import Catalog
+from state_engine.checkpoint import (
     CheckpointManager,
     HeapBackendFactory,
     RocksDBBackendFactory,
 )
-from state_engine.checkpoint.canonical import read_entries  # noqa: E402
-from state_engine.checkpoint.metadata import (  # noqa: E402
+from state_engine.checkpoint.canonical import read_entries
+from state_engine.checkpoint.metadata import (
     FileKind,
     SnapshotKind,
     read_metadata,
     verify,
 )
-from state_engine.checkpoint.storage import SnapshotDir  # noqa: E402
-from state_engine.errors import MaintenanceJobFailed, NoSuchSnapshot  # noqa: E402
-from state_engine.jobs import savepoint  # noqa: E402
-from state_engine.runtime import (  # noqa: E402
+from state_engine.checkpoint.storage import SnapshotDir
+from state_engine.errors import MaintenanceJobFailed, NoSuchSnapshot
+from state_engine.jobs import savepoint
+from state_engine.runtime import (
     CollectedOutput,
     CollectSink,
     Job,
     JobRunner,
     RecordTimestampClock,
 )
-from state_engine.state import ManualClock  # noqa: E402
+from state_engine.state import ManualClock
+from state_engine.state.meta import StateEntry
+from tests.jobs.jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot
+from tests.runtime.sk_runtime_jobs import UserActivity, make_source, state_set, user_of
 
 pytestmark = pytest.mark.spark
 CLOCK_MS = 1_700_000_000_000  # before every TTL of the proof job ran out: restores drop nothing
@@ -65,7 +62,7 @@ def _restore(catalog: Catalog, storage: str, what: Any, factory: Any, p: int) ->
     mgr = CheckpointManager(catalog, storage, "proof", max_parallelism=128, parallelism=p)
     try:
         restored = mgr.restore(what, parallelism=p, factory=factory, clock=ManualClock(CLOCK_MS))
-        rows = []
+        rows: list[StateEntry] = []
         for st in restored.subtasks:
             for b in st.keyed.values():
                 with b.snapshot_view() as view:

@@ -2,8 +2,8 @@
 
 A PENDING snapshot older than the threshold is a commit that never completed (the job died
 between writing files and the compare-and-swap); its files stay pinned until it is failed, after
-which the orphan cleanup reclaims them. Plain functions over a ``Catalog``: no Airflow here, so the
-DAG stays a thin schedule around them.
+which the orphan cleanup reclaims them. Plain functions over a ``Catalog``: the catalog health DAG
+is a thin schedule around them.
 """
 
 from __future__ import annotations

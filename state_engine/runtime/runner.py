@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 #: Keys whose subtask the runner remembers (a dict hit instead of hashing the key per record).
 ROUTE_CACHE_SIZE = 1 << 16
+#: A key the route cache does not hold (None there means: another process's subtask).
+_MISSING: Any = object()
 
 
 @dataclass
@@ -109,7 +111,18 @@ class JobRunner:
 
     ``restore_from``: None (fresh), ``"latest"``, a catalog snapshot id, or a snapshot directory
     URL (a savepoint); it needs ``catalog`` and ``storage``, as does checkpointing.
+
+    A job whose :attr:`Job.execution_mode` is ``"processes"`` gets a
+    :class:`~state_engine.runtime.worker_pool.ProcessJobRunner` (same API, subtasks in worker
+    processes).
     """
+
+    def __new__(cls, job: Job, **kwargs: Any) -> JobRunner:
+        if cls is JobRunner and isinstance(job, Job) and job.execution_mode == "processes":
+            from state_engine.runtime.worker_pool import ProcessJobRunner
+
+            return super().__new__(ProcessJobRunner)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -267,6 +280,11 @@ class JobRunner:
         finally:
             self._timings["run_s"] += time.perf_counter() - started
 
+    def _routing(self) -> tuple[list[SourceReader], list[KeyedProcessOperator | None]]:
+        """Every source subtask's reader, and per keyed subtask its operator (None: another
+        process runs it, and its records are read here only to be skipped)."""
+        return [s.reader for s in self.subtasks], [s.operator for s in self.subtasks]
+
     def _pump_records(self, limit: int | None) -> bool:
         # The per-record path: everything loop-invariant is a local, the route of a key is a
         # dict hit after its first record, and the watermark is recomputed only when a source
@@ -274,13 +292,14 @@ class JobRunner:
         job, p = self.job, self.parallelism
         max_p = job.max_parallelism
         key_of = job.key_selector
-        readers = [s.reader for s in self.subtasks]
-        operators = [s.operator for s in self.subtasks]
+        readers, operators = self._routing()
+        owned = [o for o in operators if o is not None]
         marks = [r.watermarks for r in readers]
         polls = [(r, r.next_record, r.watermarks) for r in readers]
         one_reader = len(readers) == 1
         single = operators[0] if p == 1 else None
-        route: dict[Any, KeyedProcessOperator] = {}
+        route: dict[Any, KeyedProcessOperator | None] = {}
+        missing = _MISSING
         coordinator = self.coordinator
         n = self._records_in
         check_at = n if coordinator is not None else sys.maxsize
@@ -288,7 +307,7 @@ class JobRunner:
         wm_now = self._watermark
         late = 0
         # the processing-time timer heaps (lists kept in place): a truth test per step
-        proc = [(o.timers.processing._heap, o) for o in operators]
+        proc = [(o.timers.processing._heap, o) for o in owned]
         try:
             while True:
                 progressed = False
@@ -304,21 +323,22 @@ class JobRunner:
                         key = key_of(value)
                         op = single
                         if op is None:
-                            op = route.get(key)
-                            if op is None:
+                            op = route.get(key, missing)
+                            if op is missing:
                                 op = operators[assign_to_key_group(key, max_p) * p // max_p]
                                 if len(route) >= ROUTE_CACHE_SIZE:
                                     route.clear()
                                 route[key] = op
-                        if ts <= wm_now:
-                            late += 1
-                        op.process(key, value, ts)
+                        if op is not None:
+                            if ts <= wm_now:
+                                late += 1
+                            op.process(key, value, ts)
                         n += 1
                     if wmarks._dirty or got is None:
                         wm = marks[0].current if one_reader else combined_watermark(marks)
                         if wm > wm_now:
                             wm_now = self._watermark = wm
-                            for o in operators:
+                            for o in owned:
                                 o.advance_watermark(wm)
                     for heap, o in proc:
                         if heap:

@@ -35,7 +35,6 @@ CRASH_POINTS: dict[str, str] = {
     "checkpoint.during_release": "state_engine.checkpoint.manager",
     "checkpoint.native.after_shared_upload": "state_engine.checkpoint.strategies",
     "checkpoint.delta.after_write": "state_engine.checkpoint.heap_delta",
-    "runtime.worker.mid_checkpoint": "state_engine.runtime.worker",
     "jobs.commit.after_metadata": "state_engine.jobs.commit",
     "compaction.after_tasks": "state_engine.jobs.compaction",
     "compaction.after_complete": "state_engine.jobs.compaction",

@@ -16,6 +16,7 @@ checkpoint (metadata, catalog) once every subtask's files are in.
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import threading
 import traceback
@@ -35,7 +36,7 @@ from state_engine.checkpoint.strategies import (
     WriteContext,
     is_native,
 )
-from state_engine.faults import crash_point
+from state_engine import faults
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.runtime.job import Job
 from state_engine.runtime.keyed_operator import KeyedProcessOperator
@@ -61,6 +62,8 @@ class WorkerSpec:
     owned: list[int]
     attempt: str
     restore: RestoreSpec | None = None
+    #: the parent's STATEKEEPER_* variables now (a forkserver child has the server's)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -358,7 +361,6 @@ class WorkerRunner(JobRunner):
         def run() -> None:
             try:
                 result = capture.result(ctx, work())
-                crash_point("runtime.worker.mid_checkpoint")
                 self.send(("written", key, result, None))
             except BaseException as exc:  # noqa: BLE001 - the parent fails the checkpoint
                 self.send(("written", key, None, pickled_error(exc)))
@@ -409,10 +411,22 @@ def pickled_error(exc: BaseException) -> bytes:
         return pickle.dumps((None, text))
 
 
+def _arm(env: dict[str, str]) -> None:
+    """Take the parent's STATEKEEPER_* environment, and arm its crash points here (the fault
+    module read the environment of the process this one was forked from)."""
+    for name in [n for n in os.environ if n.startswith("STATEKEEPER_")]:
+        if name not in env:
+            del os.environ[name]
+    os.environ.update(env)
+    faults._ARMED = faults.parse(os.environ.get(faults.ENV_VAR, ""))
+    faults._HITS.clear()
+
+
 def worker_main(conn: Any, spec: WorkerSpec) -> None:
     """The entry point of a worker process."""
     runner: WorkerRunner | None = None
     try:
+        _arm(spec.env)
         runner = WorkerRunner(spec)
         runner.serve(conn)
     except (EOFError, OSError, KeyboardInterrupt):

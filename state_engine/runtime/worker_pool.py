@@ -214,7 +214,8 @@ class _Workers:
         try:
             for w in range(n):
                 ours, theirs = ctx.Pipe()
-                spec = WorkerSpec(job, p, self.owned[w], runner.attempt, restore)
+                env = {k: v for k, v in os.environ.items() if k.startswith("STATEKEEPER_")}
+                spec = WorkerSpec(job, p, self.owned[w], runner.attempt, restore, env)
                 proc = ctx.Process(
                     target=worker_main, args=(theirs, spec), name=f"{job.name}-worker-{w}"
                 )

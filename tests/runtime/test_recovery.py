@@ -37,6 +37,7 @@ def proof_job(
     per_partition: int = SMALL,
     fmt: str = "canonical",
     every: int = EVERY,
+    execution: str = "threads",
 ) -> Job:
     return Job(
         "proof",
@@ -49,6 +50,7 @@ def proof_job(
         clock=RecordTimestampClock(),
         checkpoint_interval_records=every,
         checkpoint_format=fmt,
+        execution=execution,
     )
 
 
@@ -81,6 +83,7 @@ def kill_and_restore(
     per_partition: int = SMALL,
     kill_at: int = KILL_AT,
     every: int = EVERY,
+    execution: str = "threads",
 ) -> tuple[Counter[str], set[tuple[Any, ...]]]:
     storage = str(tmp_path / "checkpoints")
     target = CollectedOutput()
@@ -95,7 +98,7 @@ def kill_and_restore(
 
     first = JobRunner(
         proof_job(2, backend_of(before, tmp_path / "a"), sink(), per_partition=per_partition,
-                  fmt=fmt, every=every),
+                  fmt=fmt, every=every, execution=execution),
         catalog=catalog,
         storage=storage,
     )  # fmt: skip
@@ -110,7 +113,7 @@ def kill_and_restore(
 
     second = JobRunner(
         proof_job(new_p, backend_of(after, tmp_path / "b"), sink(), per_partition=per_partition,
-                  fmt=fmt, every=every),
+                  fmt=fmt, every=every, execution=execution),
         catalog=catalog,
         storage=storage,
         restore_from="latest",
@@ -145,11 +148,26 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize(("before", "fmt", "after", "new_p", "sink_kind"), MATRIX)
+#: The matrix again with the subtasks in worker processes (delta checkpoints run in threads only).
+PROCESS_MATRIX = [p for p in MATRIX if p.values[1] != "delta"]
+
+
+@pytest.mark.parametrize(
+    ("execution", "before", "fmt", "after", "new_p", "sink_kind"),
+    [
+        pytest.param("threads", *p.values, id="threads-" + "-".join(map(str, p.values)))
+        for p in MATRIX
+    ]
+    + [
+        pytest.param("processes", *p.values, id="processes-" + "-".join(map(str, p.values)))
+        for p in PROCESS_MATRIX
+    ],
+)
 def test_killed_and_restored_at_another_parallelism_equals_the_uninterrupted_run(
     tmp_path: Path,
     catalog: Any,
     small_reference: tuple[Counter[str], set[tuple[Any, ...]]],
+    execution: str,
     before: str,
     fmt: str,
     after: str,
@@ -157,7 +175,14 @@ def test_killed_and_restored_at_another_parallelism_equals_the_uninterrupted_run
     sink_kind: str,
 ) -> None:
     output, state = kill_and_restore(
-        tmp_path, catalog, before=before, fmt=fmt, after=after, new_p=new_p, sink_kind=sink_kind
+        tmp_path,
+        catalog,
+        before=before,
+        fmt=fmt,
+        after=after,
+        new_p=new_p,
+        sink_kind=sink_kind,
+        execution=execution,
     )
     ref_output, ref_state = small_reference
     assert output == ref_output  # every record exactly once: no loss, no duplicate

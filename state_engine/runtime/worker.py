@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from state_engine import faults
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.registry import SharedStateRegistry
@@ -36,7 +37,6 @@ from state_engine.checkpoint.strategies import (
     WriteContext,
     is_native,
 )
-from state_engine import faults
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.runtime.job import Job
 from state_engine.runtime.keyed_operator import KeyedProcessOperator

@@ -409,6 +409,15 @@ class ProcessJobRunner(JobRunner):
                 f"job {job.name!r}: checkpoint_format 'delta' runs with execution='threads' "
                 "only; use 'canonical' or 'native' with execution='processes'"
             )
+        try:
+            pickle.dumps(job)
+        except Exception as exc:  # noqa: BLE001 - pickle raises several types
+            raise InvalidJob(
+                f"job {job.name!r}: execution='processes' sends the job to worker processes, "
+                f"but it does not pickle ({type(exc).__name__}: {exc}); define its functions and "
+                "classes at module level (no lambdas or local classes), or run it with "
+                "execution='threads'"
+            ) from None
         self.workers: _Workers | None = None
         self._partitions: list[list[str]] = []
         self._stopped = False

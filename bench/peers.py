@@ -320,38 +320,46 @@ def _quix_fraud(state: Any, tx: dict[str, Any], alerts: list[Any]) -> None:
 # --- Statekeeper (runs in the project's venv) ---
 
 
-def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
-                    kill_at: int | None, restore: bool) -> tuple[float, str, int]:  # fmt: skip
+_DATA: dict[str, Any] = {}
+
+
+def _load(path: str) -> Any:
+    """The bench's data file, loaded once per process (a worker process loads it itself)."""
+    if path not in _DATA:
+        with open(path, "rb") as f:
+            _DATA[path] = pickle.load(f)
+    return _DATA[path]
+
+
+def _statekeeper_classes() -> tuple[type, type]:
+    """The list source and the counts function, made at module level on first use so worker
+    processes can unpickle them (``__main__`` is this script there too)."""
+    if "classes" in _DATA:
+        return _DATA["classes"]  # type: ignore[no-any-return]
     sys.path.insert(0, str(REPO))
-    from state_engine.catalog import Catalog, upgrade
-    from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory
-    from state_engine.examples import fraud
-    from state_engine.runtime import (
-        CollectedOutput,
-        CollectSink,
-        Context,
-        Job,
-        JobRunner,
-        KeyedProcessFunction,
-        RecordTimestampClock,
-        RuntimeContext,
-        WatermarkStrategy,
-    )
+    from state_engine.runtime import Context, KeyedProcessFunction, RuntimeContext
     from state_engine.runtime.sources import PartitionReader, RawRecord, Source
     from state_engine.state import MapStateDescriptor, ValueStateDescriptor
-    from state_engine.state.namespace import VOID_NAMESPACE
 
     class ListSource(Source):
-        """In-memory partitions, so the source costs what the peers' list sources cost."""
+        """In-memory partitions, so the source costs what the peers' list sources cost. A copy
+        in a worker process loads them from the data file (they are not pickled along)."""
 
-        def __init__(self, parts: list[list[Any]], watermarks: WatermarkStrategy) -> None:
+        def __init__(self, parts: list[list[Any]], path: str, flat: bool, watermarks: Any) -> None:
             super().__init__(watermarks, "fail")
-            self.parts = parts
+            self.parts: list[list[Any]] | None = parts
+            self.path, self.flat, self.count = path, flat, len(parts)
+
+        def __getstate__(self) -> dict[str, Any]:
+            return {**self.__dict__, "parts": None}
 
         def partitions(self) -> list[str]:
-            return [f"p-{i}" for i in range(len(self.parts))]
+            return [f"p-{i}" for i in range(self.count)]
 
         def open(self, partition: str, offset: int) -> PartitionReader:
+            if self.parts is None:
+                data = _load(self.path)
+                self.parts = [data] if self.flat else data
             rows = self.parts[int(partition[2:])]
             return (RawRecord(i, i + 1, rows[i]) for i in range(offset, len(rows)))
 
@@ -372,6 +380,38 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
             m = r["merchant"]
             self.merchants.put(m, (self.merchants.get(m) or 0) + 1)
 
+    module = sys.modules[__name__]
+    for cls in (ListSource, Counts):
+        cls.__qualname__ = cls.__name__
+        setattr(module, cls.__name__, cls)
+    _DATA["classes"] = (ListSource, Counts)
+    return ListSource, Counts
+
+
+def __getattr__(name: str) -> Any:
+    # a worker process unpickling the job finds the classes here (PEP 562)
+    if name in ("ListSource", "Counts"):
+        return dict(zip(("ListSource", "Counts"), _statekeeper_classes(), strict=True))[name]
+    raise AttributeError(name)
+
+
+def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
+                    kill_at: int | None, restore: bool,
+                    data_file: str) -> tuple[float, str, int]:  # fmt: skip
+    sys.path.insert(0, str(REPO))
+    from state_engine.catalog import Catalog, upgrade
+    from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory
+    from state_engine.examples import fraud
+    from state_engine.runtime import (
+        CollectedOutput,
+        CollectSink,
+        Job,
+        JobRunner,
+        RecordTimestampClock,
+        WatermarkStrategy,
+    )
+
+    list_source, counts = _statekeeper_classes()
     catalog_url = f"sqlite:///{work / 'catalog.db'}"
     if not restore:
         upgrade(catalog_url)
@@ -382,11 +422,11 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
     wm = WatermarkStrategy("ts", max_out_of_orderness_ms=fraud.OUT_OF_ORDERNESS_MS)
     out = CollectedOutput()
     if workload == "counts":
-        source = ListSource([data], wm)
+        source = list_source([data], data_file, True, wm)
         key_of: Callable[[Any], Any] = _key_of_counts
-        fn: Any = Counts()
+        fn: Any = counts()
     else:
-        source = ListSource(data, wm)
+        source = list_source(data, data_file, False, wm)
         key_of, fn = fraud.card_of, fraud.FraudDetector()
     job = Job(
         f"peers-{workload}",
@@ -403,6 +443,12 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
         incremental=cfg["format"] in ("native", "delta"),
         **cfg.get("job", {}),
     )
+    if job.execution_mode == "processes":
+        # a standing pool, as Flink's task managers are up before a job is submitted: the
+        # worker processes' interpreter start is not the job's (each run's fork is)
+        from state_engine.runtime.worker_pool import prestart
+
+        prestart()
     started = time.perf_counter()
     catalog = Catalog.open(catalog_url)
     runner = JobRunner(
@@ -420,13 +466,18 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
     try:
         if workload == "fraud":
             return elapsed, digest_alerts(out.records), len(out.records)
+        from state_engine.serde import get_serializer
+
+        text, agg, count = (get_serializer(t).deserialize for t in (str, "json", int))
         state: dict[str, tuple[int, int, dict[str, int]]] = {}
-        for s in runner.subtasks:
-            f, backend = s.operator.function, s.keyed
-            for k in list(backend.keys(agg_d.name, VOID_NAMESPACE)):
-                backend.set_current_key(k)
-                c, total = f.agg.value()
-                state[k] = (c, total, dict(f.merchants.items()))
+        merchants: dict[str, dict[str, int]] = {}
+        for e in runner.state_entries():  # serialized rows, from every subtask's process
+            key = text(e.key)
+            if e.state == "agg":
+                c, total = agg(e.value)
+                state[key] = (c, total, merchants.setdefault(key, {}))
+            elif e.state == "merchants":
+                merchants.setdefault(key, {})[text(e.user_key)] = count(e.value)
         return elapsed, digest_counts(state), len(state)
     finally:
         runner.close()
@@ -454,7 +505,7 @@ def child(args: argparse.Namespace) -> None:
         elapsed, digest, n = run_quix(workload, flat, work / "quix", kill_at)
     else:
         elapsed, digest, n = run_statekeeper(
-            workload, data, spec["cfg"], work, kill_at, spec.get("restore", False)
+            workload, data, spec["cfg"], work, kill_at, spec.get("restore", False), spec["data"]
         )
     print(json.dumps({"seconds": elapsed, "digest": digest, "items": n}))
 
@@ -509,6 +560,18 @@ def configs(records: int) -> list[Config]:
             cfg={**heap, "format": None, "p": 2, "job": _p2_job()},
         ),  # fmt: skip
         Config(
+            "fraud-sk-heap-off-p2",
+            "statekeeper",
+            "fraud",
+            cfg={**heap, "format": None, "p": 2, "job": _p2_job()},
+        ),  # fmt: skip
+        Config(
+            "sk-heap-full-p2",
+            "statekeeper",
+            "counts",
+            cfg={**heap, "format": "canonical", "p": 2, "job": _p2_job()},
+        ),  # fmt: skip
+        Config(
             "restore-sk-heap",
             "statekeeper",
             "counts",
@@ -545,12 +608,12 @@ def baseline_configs(todo: list[Config], tree: Path) -> list[Config]:
 
 
 def _p2_job() -> dict[str, Any]:
-    """Process mode for parallelism 2 when the runtime has it (see the runner's ``processes``)."""
+    """Worker processes for parallelism 2 when the runtime has them (``Job.execution``)."""
     sys.path.insert(0, str(REPO))
     from state_engine.runtime.job import Job
 
     fields = getattr(Job, "__dataclass_fields__", {})
-    return {"processes": True} if "processes" in fields else {}
+    return {"execution": "processes"} if "execution" in fields else {}
 
 
 def measure(cfg: Config, data_file: Path, n: int, kill_at: int, python: Path, tmp: Path) -> None:
@@ -698,6 +761,8 @@ def report(todo: list[Config], n: int, keys: int, rounds: int, quick: bool) -> N
             "fraud_heap_off_vs_bytewax_off": ratio("fraud-sk-heap-off", "fraud-bytewax-off", rate),
             "fraud_heap_delta_vs_quix": ratio("fraud-sk-heap-delta", "fraud-quix-10k", rate),
             "rocksdb_off_vs_quix": ratio("sk-rocks-off", "quix-10k", rate),
+            "p2_vs_p1_heap_full_ckpt": ratio("sk-heap-full-p2", "sk-heap-full", rate),
+            "p2_vs_p1_fraud_heap_off": ratio("fraud-sk-heap-off-p2", "fraud-sk-heap-off", rate),
         },
         "vs_baseline": {
             c.name[5:]: ratio(

@@ -106,6 +106,12 @@ class _Subtask:
         self.writer.notify_checkpoint_complete(barrier)
 
 
+def _catch_up(operators: Sequence[KeyedProcessOperator], watermark: int) -> None:
+    for o in operators:
+        if o.watermark < watermark:
+            o.advance_watermark(watermark)
+
+
 class JobRunner:
     """Runs ``job`` fresh, or restored from a snapshot at the job's (possibly new) parallelism.
 
@@ -288,15 +294,19 @@ class JobRunner:
     def _pump_records(self, limit: int | None) -> bool:
         # The per-record path: everything loop-invariant is a local, the route of a key is a
         # dict hit after its first record, and the watermark is recomputed only when a source
-        # subtask's watermark moved. Order and semantics are those of one record at a time.
+        # subtask's watermark moved. An operator's watermark is advanced when it next runs (a
+        # record, a processing-time timer), when an event-time timer of it is due, and before a
+        # barrier and on return: what each operator sees, in order, is that of advancing every
+        # operator at every step, without a call per operator and record.
         job, p = self.job, self.parallelism
         max_p = job.max_parallelism
         key_of = job.key_selector
         readers, operators = self._routing()
         owned = [o for o in operators if o is not None]
         marks = [r.watermarks for r in readers]
-        polls = [(r, r.next_record, r.watermarks) for r in readers]
-        one_reader = len(readers) == 1
+        polls = [(r, r.next_record, r.watermarks) for r in readers if not r.finished]
+        # the readers with partitions still to read: with one, its watermark is the watermark
+        live = [m for m in marks if not m.idle]
         single = operators[0] if p == 1 else None
         route: dict[Any, KeyedProcessOperator | None] = {}
         missing = _MISSING
@@ -306,19 +316,17 @@ class JobRunner:
         stop = sys.maxsize if limit is None else limit
         wm_now = self._watermark
         late = 0
-        # the processing-time timer heaps (lists kept in place): a truth test per step
+        # the timer heaps (lists kept in place): a truth test per step
         proc = [(o.timers.processing._heap, o) for o in owned]
+        event = [(o.timers.event._heap, o) for o in owned]
         try:
-            while True:
-                progressed = False
-                for reader, next_record, wmarks in polls:
+            while polls:
+                ended = False
+                for _reader, next_record, wmarks in polls:
                     if n >= stop:
                         return True
-                    if reader.finished:
-                        continue
                     got = next_record()
                     if got is not None:
-                        progressed = True
                         value, ts = got
                         key = key_of(value)
                         op = single
@@ -330,29 +338,41 @@ class JobRunner:
                                     route.clear()
                                 route[key] = op
                         if op is not None:
+                            if op.watermark < wm_now:
+                                op.advance_watermark(wm_now)
                             if ts <= wm_now:
                                 late += 1
                             op.process(key, value, ts)
                         n += 1
+                    else:
+                        ended = True  # this reader has read all its partitions
                     if wmarks._dirty or got is None:
-                        wm = marks[0].current if one_reader else combined_watermark(marks)
+                        if got is None:
+                            live = [m for m in marks if not m.idle]
+                        wm = live[0].current if len(live) == 1 else combined_watermark(marks)
                         if wm > wm_now:
                             wm_now = self._watermark = wm
-                            for o in owned:
-                                o.advance_watermark(wm)
+                            for heap, o in event:
+                                if heap and heap[0][0] <= wm:
+                                    o.advance_watermark(wm)
                     for heap, o in proc:
                         if heap:
+                            if o.watermark < wm_now:
+                                o.advance_watermark(wm_now)
                             o.fire_processing_timers()
                     if n >= check_at:
                         coordinator.poll()  # type: ignore[union-attr]
                         if coordinator.due(n):  # type: ignore[union-attr]
+                            _catch_up(owned, wm_now)
                             coordinator.trigger(n)  # type: ignore[union-attr]
                         check_at = coordinator.next_check(n)  # type: ignore[union-attr]
-                if not progressed:
-                    return False
+                if ended:
+                    polls = [x for x in polls if not x[0].finished]
+            return False
         finally:
             self._records_in = n
             self._late += late
+            _catch_up(owned, self._watermark)
 
     def _end_of_input(self) -> None:
         """Flink's end of input: the max watermark fires every event-time timer, then a final

@@ -85,6 +85,21 @@ def _context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
+def prestart() -> None:
+    """Start the process worker processes are forked from now, and wait until it imported the
+    runtime (once per parent process), rather than when the first process-parallel job
+    starts: a standing pool, as Flink's task managers are up before a job is submitted."""
+    ctx = _context()
+    if ctx.get_start_method() == "forkserver":
+        proc = ctx.Process(target=_started, name="statekeeper-prestart")
+        proc.start()
+        proc.join()
+
+
+def _started() -> None:
+    """A worker that does nothing: its fork means the server has imported the runtime."""
+
+
 class _Meta:
     """An operator state's meta as the manager reads it (``to_dict``)."""
 

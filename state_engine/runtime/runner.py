@@ -166,7 +166,7 @@ class JobRunner:
         self._records_in = 0
         self._late = 0
         self._watermark = MIN_WATERMARK
-        self._timings: dict[str, Any] = {"setup_s": 0.0, "run_s": 0.0}
+        self._timings: dict[str, Any] = {"setup_s": 0.0, "run_s": 0.0, "run_cpu_s": 0.0}
 
     # --- setup ---
 
@@ -280,11 +280,12 @@ class JobRunner:
 
     def _pump(self, limit: int | None) -> bool:
         """Process records until ``limit`` (True: limit reached) or the end of input (False)."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._pump_records(limit)
         finally:
             self._timings["run_s"] += time.perf_counter() - started
+            self._timings["run_cpu_s"] += time.thread_time() - cpu
 
     def _routing(self) -> tuple[list[SourceReader], list[KeyedProcessOperator | None]]:
         """Every source subtask's reader, and per keyed subtask its operator (None: another

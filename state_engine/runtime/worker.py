@@ -109,6 +109,7 @@ class Progress:
     records_skipped: int
     timers_fired: int
     late_records: int
+    cpu_s: float = 0.0  # CPU seconds this worker's thread spent running records
 
 
 class _ParentCommits(Sink):
@@ -266,6 +267,7 @@ class WorkerRunner(JobRunner):
             records_skipped=sum(s.reader.records_skipped for s in self.subtasks),
             timers_fired=sum(s.operator.timers_fired for s in self.subtasks),
             late_records=self._late,
+            cpu_s=self._timings["run_cpu_s"],
         )
 
     def cmd_run(self, limit: int | None) -> Progress:

@@ -678,6 +678,7 @@ class ProcessJobRunner(JobRunner):
             watermark=self._watermark,
             restored_from=self.restored_from,
         )
+        self._timings["worker_cpu_s"] = [round(pr.cpu_s, 3) for pr in progress]
         if self.coordinator is not None:
             stats = self.coordinator.stats
             result.checkpoints = list(stats.completed)

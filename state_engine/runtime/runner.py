@@ -325,6 +325,7 @@ class JobRunner:
                 ended = False
                 for _reader, next_record, wmarks in polls:
                     if n >= stop:
+                        _catch_up(owned, wm_now)
                         return True
                     got = next_record()
                     if got is not None:
@@ -369,11 +370,11 @@ class JobRunner:
                         check_at = coordinator.next_check(n)  # type: ignore[union-attr]
                 if ended:
                     polls = [x for x in polls if not x[0].finished]
+            _catch_up(owned, wm_now)
             return False
         finally:
             self._records_in = n
             self._late += late
-            _catch_up(owned, self._watermark)
 
     def _end_of_input(self) -> None:
         """Flink's end of input: the max watermark fires every event-time timer, then a final

@@ -64,6 +64,8 @@ class WorkerSpec:
     restore: RestoreSpec | None = None
     #: the parent's STATEKEEPER_* variables now (a forkserver child has the server's)
     env: dict[str, str] = field(default_factory=dict)
+    #: the parent's working directory now (relative source, sink and storage paths)
+    cwd: str | None = None
 
 
 @dataclass
@@ -429,6 +431,8 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
     runner: WorkerRunner | None = None
     try:
         _arm(spec.env)
+        if spec.cwd is not None:
+            os.chdir(spec.cwd)
         runner = WorkerRunner(spec)
         runner.serve(conn)
     except (EOFError, OSError, KeyboardInterrupt):

@@ -230,7 +230,7 @@ class _Workers:
             for w in range(n):
                 ours, theirs = ctx.Pipe()
                 env = {k: v for k, v in os.environ.items() if k.startswith("STATEKEEPER_")}
-                spec = WorkerSpec(job, p, self.owned[w], runner.attempt, restore, env)
+                spec = WorkerSpec(job, p, self.owned[w], runner.attempt, restore, env, os.getcwd())
                 proc = ctx.Process(
                     target=worker_main, args=(theirs, spec), name=f"{job.name}-worker-{w}"
                 )

@@ -331,6 +331,10 @@ def _load(path: str) -> Any:
     return _DATA[path]
 
 
+if os.environ.get("PEERS_PRELOAD"):  # the worker pool's server (see run_statekeeper)
+    _load(os.environ["PEERS_PRELOAD"])
+
+
 def _statekeeper_classes() -> tuple[type, type]:
     """The list source and the counts function, made at module level on first use so worker
     processes can unpickle them (``__main__`` is this script there too)."""
@@ -448,7 +452,10 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
         # worker processes' interpreter start is not the job's (each run's fork is)
         from state_engine.runtime.worker_pool import prestart
 
-        prestart()
+        # and with the data in memory, as this process has it before its clock starts (the
+        # pool's server imports this script, which loads PEERS_PRELOAD; workers fork from it)
+        os.environ["PEERS_PRELOAD"] = data_file
+        prestart(preload=["__main__"])
     started = time.perf_counter()
     catalog = Catalog.open(catalog_url)
     runner = JobRunner(

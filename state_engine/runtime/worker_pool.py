@@ -85,12 +85,15 @@ def _context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def prestart() -> None:
+def prestart(preload: Sequence[str] = ()) -> None:
     """Start the process worker processes are forked from now, and wait until it imported the
     runtime (once per parent process), rather than when the first process-parallel job
-    starts: a standing pool, as Flink's task managers are up before a job is submitted."""
+    starts: a standing pool, as Flink's task managers are up before a job is submitted.
+    ``preload``: more modules it imports first (``"__main__"``: the parent's main script), so
+    every worker starts with them (and what they load) in memory. No effect once started."""
     ctx = _context()
     if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(["state_engine.runtime.worker", *preload])
         proc = ctx.Process(target=_started, name="statekeeper-prestart")
         proc.start()
         proc.join()

@@ -7,7 +7,11 @@ transactions of 10,000 cards (4 partitions), its rules rewritten for each peer.
 
 - Statekeeper: heap and RocksDB, checkpoints off / full (canonical) / heap delta / RocksDB native
   incremental; a kill after 255,000 records and a restore from the last checkpoint that finishes
-  the stream; parallelism 2 (process mode when the runtime offers it) against parallelism 1.
+  the stream; parallelism 2 in worker processes (``Job(execution="processes")``) against
+  parallelism 1, heap without checkpoints (both workloads) and with full checkpoints (counts).
+  Wall-clock ratios need idle cores: ``machine_2_process_speedup`` says what the machine gave
+  (pure Python split over 2 processes vs 1), and ``p2_vs_p1_busiest_thread_cpu`` compares the
+  CPU seconds of the busiest record-running thread (a worker's in p2), which load does not move.
 - Bytewax (``run_main``, a ``TestingSource`` emitting batches of 10,000 records and
   ``epoch_interval=0``: one epoch per 10,000 records), recovery off and SQLite recovery on; the
   kill is the TestingSource's ABORT item, the restore a second execution on the same recovery dir.
@@ -524,6 +528,28 @@ def child(args: argparse.Namespace) -> None:
 # --- the driver ---
 
 
+def _burn(n: int) -> float:
+    started, x = time.perf_counter(), 0
+    for i in range(n):
+        x += i * i
+    return time.perf_counter() - started
+
+
+def parallel_capacity(n: int = 4_000_000) -> float:
+    """How much faster pure Python work split over 2 processes finishes than in one, on this
+    machine now (2.0 on 2 idle cores; about 1.0 when other work holds every core): what a
+    process-parallel wall-clock ratio can show at most."""
+    import multiprocessing
+
+    one = _burn(n)
+    started = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(_burn, [10, 10])  # the workers are up before the clock starts
+        started = time.perf_counter()
+        pool.map(_burn, [n // 2, n // 2])
+    return one / (time.perf_counter() - started)
+
+
 def peers_python(quick: bool) -> Path:
     """The peers' venv (created once, reused): never the project's environment."""
     venv = Path(os.environ.get("STATEKEEPER_PEERS_VENV", REPO / ".statekeeper" / "peers-venv"))
@@ -697,17 +723,21 @@ def main() -> None:
         if args.only:
             wanted = set(args.only.split(","))
             todo = [c for c in todo if c.name in wanted]
+        capacity = []
         for r in range(rounds):
+            capacity.append(parallel_capacity())
             for cfg in todo:
                 measure(cfg, files[cfg.workload], n, kill_at, python, tmp)
                 print(f"round {r + 1} {cfg.name:>22}: {cfg.seconds[-1]:7.2f} s "
                       f"{cfg.rates[-1]:>10,.0f} rec/s", file=sys.stderr, flush=True)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    report(todo, n, keys, rounds, args.quick)
+    report(todo, n, keys, rounds, args.quick, statistics.median(capacity))
 
 
-def report(todo: list[Config], n: int, keys: int, rounds: int, quick: bool) -> None:
+def report(
+    todo: list[Config], n: int, keys: int, rounds: int, quick: bool, capacity: float
+) -> None:
     by = {c.name: c for c in todo}
     # every system's final state must equal Statekeeper's (per workload)
     mismatches = []
@@ -783,6 +813,7 @@ def report(todo: list[Config], n: int, keys: int, rounds: int, quick: bool) -> N
             "p2_vs_p1_heap_full_ckpt": ratio("sk-heap-full-p2", "sk-heap-full", rate),
             "p2_vs_p1_fraud_heap_off": ratio("fraud-sk-heap-off-p2", "fraud-sk-heap-off", rate),
         },
+        "machine_2_process_speedup": round(capacity, 3),
         "p2_vs_p1_busiest_thread_cpu": {
             "counts": ratio("sk-heap-off", "sk-heap-off-p2", cpu),
             "fraud": ratio("fraud-sk-heap-off", "fraud-sk-heap-off-p2", cpu),

@@ -454,6 +454,9 @@ class CheckpointManager:
         record: SnapshotRecord,
         ctx: WriteContext,
     ) -> Capture:
+        remote = getattr(backend, "remote_capture", None)
+        if remote is not None:  # a subtask in a worker process captures and writes it there
+            return remote(fmt, uid, index, record, ctx)  # type: ignore[no-any-return]
         if fmt is SnapshotFormat.NATIVE and is_native(backend):
             return NativeSnapshotStrategy(record.checkpoint_id).capture(uid, index, backend)
         if fmt is SnapshotFormat.DELTA and not is_native(backend):

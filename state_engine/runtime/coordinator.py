@@ -99,6 +99,12 @@ class CheckpointCoordinator:
             nxt = min(nxt, self._last_records + self.interval_records)
         return nxt
 
+    def next_barrier(self) -> int | None:
+        """The record count at which a record-interval checkpoint is next due (None: none)."""
+        if self.interval_records is None:
+            return None
+        return self._last_records + self.interval_records
+
     def due(self, records: int) -> bool:
         every = self.interval_records
         if every is not None and records - self._last_records >= every:

@@ -124,11 +124,16 @@ class JobRunner:
     processes).
     """
 
+    #: The runner of ``execution="processes"``: :mod:`state_engine.runtime.worker_pool` defines
+    #: it and sets it here when imported (the ``state_engine.runtime`` package imports it), so
+    #: this module does not import the worker pool built on top of it.
+    process_runner: type[JobRunner] | None = None
+
     def __new__(cls, job: Job, **kwargs: Any) -> JobRunner:
         if cls is JobRunner and isinstance(job, Job) and job.execution_mode == "processes":
-            from state_engine.runtime.worker_pool import ProcessJobRunner
-
-            return super().__new__(ProcessJobRunner)
+            if JobRunner.process_runner is None:
+                raise JobError("execution='processes' needs state_engine.runtime.worker_pool")
+            return super().__new__(JobRunner.process_runner)
         return super().__new__(cls)
 
     def __init__(

@@ -717,3 +717,6 @@ class ProcessJobRunner(JobRunner):
     def worker_pids(self) -> list[int]:
         """The worker processes' ids (empty before the job started)."""
         return self.workers.pids if self.workers is not None else []
+
+
+JobRunner.process_runner = ProcessJobRunner

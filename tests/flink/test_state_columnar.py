@@ -264,3 +264,43 @@ def test_columns_are_arrow_tables_of_typed_columns(java_header: bytes) -> None:
     every = list(cols.entries())
     assert list(cols.entries(2, 5)) == every[2:5]
     assert list(cols.entries(len(cols) - 1, len(cols) + 10)) == every[-1:]
+
+
+@pytest.mark.parametrize("kind, fmt", [("long", ">q"), ("int", ">i")])
+def test_long_and_int_keys_decode_the_same(
+    java_header: bytes, monkeypatch: pytest.MonkeyPatch, kind: str, fmt: str
+) -> None:
+    """The same states keyed by a Long or an Integer (the header's key serializer swapped)."""
+    import dataclasses
+
+    from state_engine.flink import keyed_state
+    from state_engine.flink.serializers import _Scalar
+
+    original = keyed_state.read_proxy_header
+    key_ser = _Scalar(f"org.apache.flink.{kind}", struct.calcsize(fmt), kind=kind)
+
+    def header(data: bytes, where: str, pos: int = 0) -> Any:
+        return dataclasses.replace(original(data, where, pos), key_serializer=key_ser)
+
+    monkeypatch.setattr(keyed_state, "read_proxy_header", header)
+    monkeypatch.setattr(columnar, "read_proxy_header", header)
+    ids = _ids(java_header)
+    q = struct.Struct(">q").pack
+    runs = {}
+    for kg in range(4):
+        keys = [struct.pack(fmt, v) + b"\x00" for v in (-(2**31), kg, 7 + kg, 2**31 - 1)]
+        runs[kg] = [
+            (ids["total"], [(k, q(i - kg)) for i, k in enumerate(keys)]),
+            (ids["lastSeen"], [(k, q(1_795_000_000_000 + i) + q(i)) for i, k in enumerate(keys)]),
+            (
+                ids["merchants"],
+                [(k + _string_value(m), b"\x00" + q(1)) for k in keys for m in "ab"],
+            ),
+            (ids["recent"], [(k, q(i) + b"," + q(-i)) for i, k in enumerate(keys)]),
+        ]
+    data, offsets = _stream(java_header, runs)
+    assert _same(data, offsets, 128) == []
+    table = next(c.table for c in canonical_columns(data, offsets, 128, "t"))
+    assert table is not None and table.schema.field("key").type == (
+        pa.int64() if kind == "long" else pa.int32()
+    )

@@ -88,6 +88,25 @@ class Columns:
         assert self.rows is not None
         return len(self.rows)
 
+    def key_groups(self) -> npt.NDArray[np.int64]:
+        """Every row's key group (no Python object per row for a table)."""
+        if self.table is not None:
+            return self.table.column("key_group").to_numpy().astype(np.int64)
+        assert self.rows is not None
+        return np.array([e.key_group for e in self.rows], dtype=np.int64)
+
+    def entries_up_to(self, key_group: int | None) -> Iterator[Entry]:
+        """The entries of key groups up to ``key_group`` (None: all); Python values are made
+        for those rows only."""
+        if key_group is None:
+            yield from self.entries()
+        elif self.rows is not None:
+            yield from (e for e in self.rows if e.key_group <= key_group)
+        else:
+            assert self.table is not None
+            kept = self.table.filter(pc.less_equal(self.table.column("key_group"), key_group))
+            yield from Columns(self.state, table=kept).entries()
+
     def entries(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
         """Entries ``start`` to ``stop`` (Python values made for those rows only)."""
         if self.rows is not None:

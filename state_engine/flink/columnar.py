@@ -164,7 +164,7 @@ def canonical_columns(
         entries = canonical_entries(data, offsets, max_parallelism, where)
         yield from _columns_of_entries(header, entries)
         return
-    pos, klen, vlen, sid = frames
+    pos, klen, vlen, sid, group = frames
     d = _Data(data)
     # by state, each state's records in framing order: record i of every key group before
     # record i + 1 (a stable radix sort of the 16-bit ids; a key group's records keep their
@@ -179,6 +179,10 @@ def canonical_columns(
         state = header.state(int(sid[idx[0]]), where)
         if state.is_timers:
             continue
+        if not _prefixes_follow_groups(d, decoder.prefix, pos[idx], group[idx]):
+            # a key-group prefix that is not its section's (the generic decoder reports it as
+            # written): the records in stream order, as the generic decoder gives them
+            idx = idx[np.argsort(pos[idx], kind="stable")]
         p, kl, vl = pos[idx], klen[idx], vlen[idx]
         try:
             yield _fast_state(d, header, state, decoder.prefix, p, kl, vl)
@@ -186,13 +190,15 @@ def canonical_columns(
             yield _slow_state(data, decoder, state, p, kl, vl)
 
 
-def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints] | None:
-    """Per record: position of its key length, key length, value length, state id; None when
-    the stream does not frame cleanly (the record-by-record reader then names the problem)."""
+def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints, Ints] | None:
+    """Per record: position of its key length, key length, value length, state id, and the index
+    in ``offsets`` of the key group it is in; None when the stream does not frame cleanly (the
+    record-by-record reader then names the problem)."""
     n = len(data)
     starts = [o for o in offsets if o]
+    groups = [i for i, o in enumerate(offsets) if o]
     if not starts or n < 8 or max(starts) > n - 2:
-        return None if starts else (_EMPTY, _EMPTY, _EMPTY, _EMPTY)
+        return None if starts else (_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
     arr = np.frombuffer(data, dtype=np.uint8)
     i32 = np.ndarray((n - 3,), dtype=">i4", buffer=data, strides=(1,))
     # the same 4 bytes further on: i32_4[x] is i32[x + 4], flag4[x] is arr[x + 4]
@@ -202,7 +208,8 @@ def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints] | N
     cur = np.array(starts, dtype=np.int64)
     sid = u16[cur].astype(np.int64)
     cur += 2
-    out_pos, out_kl, out_vl, out_sid = [], [], [], []
+    group = np.array(groups, dtype=np.int64)
+    out_pos, out_kl, out_vl, out_sid, out_group = [], [], [], [], []
     # Bounds: an index past the views' ends raises IndexError. Lengths >= 1 (key) and >= 0
     # (value) keep every position moving forward; a bad length could send one backwards (numpy
     # wraps negative indexes): checked every 16 steps (which bounds the time a corrupt stream
@@ -218,18 +225,19 @@ def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints] | N
             out_kl.append(kl)
             out_vl.append(vl)
             out_sid.append(sid)
+            out_group.append(group)
             if step & 15 == 15 and not _lengths_ok(out_kl[-16:], out_vl[-16:]):
                 return None
-            last = flag4[cur] >= 0x80
-            if last.any():
-                at = np.flatnonzero(last)
+            flags = flag4[cur]
+            if flags.max() >= 0x80:  # some key group's run of a state ends here
+                at = np.flatnonzero(flags >= 0x80)
                 mark = u16[nxt[at]].astype(np.int64)
                 nxt[at] += 2
                 sid = sid.copy()
                 sid[at] = mark
                 keep = np.ones(cur.size, dtype=bool)
                 keep[at[mark == END_OF_KEY_GROUP_MARK]] = False
-                cur, sid = nxt[keep], sid[keep]
+                cur, sid, group = nxt[keep], sid[keep], group[keep]
                 if not cur.size:
                     break
             else:
@@ -245,7 +253,25 @@ def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints] | N
     vlen = np.concatenate(out_vl).astype(np.int64)
     if (pos + 8 + klen + vlen > n).any():
         return None
-    return pos, klen, vlen, np.concatenate(out_sid)
+    return pos, klen, vlen, np.concatenate(out_sid), np.concatenate(out_group)
+
+
+def _key_groups(d: _Data, prefix: int, pos: Ints) -> Any:
+    """The key group in each record's key prefix (without the last-record flag)."""
+    ks = pos + 4
+    first = d.arr[ks] & 0x7F
+    if prefix == 1:
+        return first.astype(np.int32)
+    return (first.astype(np.int32) << 8) | d.arr[ks + 1]
+
+
+def _prefixes_follow_groups(d: _Data, prefix: int, pos: Ints, group: Ints) -> bool:
+    """Whether each record's prefix is its key-group section's (the section's index plus one
+    constant): then the framing order, within a key group, is the stream order."""
+    if not pos.size:
+        return True
+    gap = _key_groups(d, prefix, pos) - group
+    return bool(gap.min() == gap.max())
 
 
 def _lengths_ok(key_lengths: list[Any], value_lengths: list[Any]) -> bool:
@@ -272,9 +298,7 @@ def _fast_state(
     ks = pos + 4
     key_end = ks + klen
     vs = key_end + 4
-    # the key-group prefix, its first byte without the last-record flag
-    first = arr[ks] & 0x7F
-    kg = first.astype(np.int32) if prefix == 1 else (first.astype(np.int32) << 8) | arr[ks + 1]
+    kg = _key_groups(d, prefix, pos)
     ns_ser = state.namespace_serializer
     if ns_ser is None or getattr(ns_ser, "kind", "") != "void":
         raise _NoFastPath

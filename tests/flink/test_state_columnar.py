@@ -4,6 +4,7 @@ vectorized (and the ones it hands back to the generic decoder), and on damaged b
 
 from __future__ import annotations
 
+import itertools
 import struct
 from typing import Any
 
@@ -304,3 +305,27 @@ def test_long_and_int_keys_decode_the_same(
     assert table is not None and table.schema.field("key").type == (
         pa.int64() if kind == "long" else pa.int32()
     )
+
+
+def test_a_key_group_prefix_not_its_sections_keeps_the_stream_order(java_header: bytes) -> None:
+    """A record in key group 0's section whose prefix says 1 (the generic decoder reports it as
+    written): the rows of each state come in stream order all the same."""
+    raw, offsets = _stream(
+        java_header, _java_records(_ids(java_header), ["k1", "k22", "k333"], ["amazon", "café"])
+    )
+    prefixes, at = [], offsets[0] + 2  # after the first state id: key group 0's records
+    while True:
+        (kl,) = struct.unpack_from(">i", raw, at)
+        (vl,) = struct.unpack_from(">i", raw, at + 4 + kl)
+        prefixes.append(at + 4)
+        at += 8 + kl + vl
+        if raw[prefixes[-1]] & 0x80:  # the last of its state: the next state id follows
+            (mark,) = struct.unpack_from(">H", raw, at)
+            at += 2
+            if mark == 0xFFFF:
+                break
+    assert len(prefixes) == 5  # total, lastSeen, merchants x 2, recent
+    for where, kg in itertools.product(prefixes, (1, 2, 3)):
+        flipped = bytearray(raw)
+        flipped[where] = (flipped[where] & 0x80) | kg
+        assert _same(bytes(flipped), offsets, 128) == []

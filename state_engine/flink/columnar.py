@@ -1,5 +1,4 @@
-"""Fast decoding of canonical savepoint streams: whole states at once, with numpy, no per-record
-dispatch.
+"""Fast decoding of canonical savepoint streams: whole states at once, into Arrow columns.
 
 :func:`canonical_columns` gives the same keyed state as
 :func:`~state_engine.flink.keyed_state.canonical_entries`, one :class:`Columns` per state instead
@@ -8,18 +7,23 @@ of one ``Entry`` per record (a key group's records in stream order; key groups i
 1. framing: the records of every key group are found together, one numpy step per record *depth*
    (all key groups advance at once: record i of every key group, then record i + 1, ...), through
    big-endian int32/uint16 views at every byte offset;
-2. per state, a decoder compiled from its serializer tuple: the key-group prefix, the key (String
-   with a one-byte length, Long, Integer), VoidNamespace, a MAP's user key, and the value (the
-   fixed-width types, String, TTL wrappers of those, MAP values, LIST of fixed-width types) are
-   read for every record of the state by numpy gathers, fixed widths through ``>i8``-style views,
-   strings as one joined buffer decoded once (ASCII directly, else Flink's varint UTF-16 units
-   reassembled with numpy) and split on a sentinel.
+2. per state, a decoder compiled from its serializer tuple reads every record of the state into
+   a pyarrow Table (:data:`COLUMNS`: key group, key, namespace, user key, value, TTL timestamp),
+   with no Python object per value: fixed widths (Long, Integer, Double, ...) through ``>i8``-
+   style numpy views at the records' offsets; Strings (one-byte length) by one gather of their
+   bytes plus an offsets array (ASCII: Flink's bytes are the UTF-8), or, for non-ASCII strings
+   that end their key or value (MAP user keys, String values), dictionary-encoded by Arrow and
+   each distinct one decoded once -- or, when most are distinct, their varint UTF-16 units
+   reassembled with numpy and encoded to UTF-8 once; TTL wrappers, MAP values and LISTs of fixed
+   widths (an Arrow list column) likewise.
 
-Anything outside those layouts (other serializers, nulls, a NUL inside a string, a length that
-does not fit) decodes that state record by record with the generic
-:class:`~state_engine.flink.keyed_state.StateDecoder`; a stream that does not frame (truncated or
-corrupt) or is compressed falls back to the record-by-record reader as a whole, which names the
-offset of the problem. The values are exactly the generic decoder's.
+Whether a state takes that path is decided per state, never per record: anything outside those
+layouts (other serializers, nulls, non-ASCII keys, a lone surrogate, a length that does not fit)
+decodes the whole state record by record with the generic
+:class:`~state_engine.flink.keyed_state.StateDecoder` (``Columns.rows``); a stream that does not
+frame (truncated or corrupt) or is compressed falls back to the record-by-record reader as a
+whole, which names the file and offset of the problem. The values are exactly the generic
+decoder's; :meth:`Columns.entries` makes Python values only for the rows asked for.
 """
 
 from __future__ import annotations

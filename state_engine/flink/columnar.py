@@ -177,19 +177,21 @@ def canonical_columns(
     sid_sorted = sid[order]
     bounds = np.flatnonzero(np.diff(sid_sorted)) + 1
     decoder = StateDecoder(header, max_parallelism, where)
+    key_groups = _key_groups(d, decoder.prefix, pos)
+    in_their_sections = _prefixes_follow_groups(key_groups, group)
     for idx in np.split(order, bounds):
         if not idx.size:
             continue
         state = header.state(int(sid[idx[0]]), where)
         if state.is_timers:
             continue
-        if not _prefixes_follow_groups(d, decoder.prefix, pos[idx], group[idx]):
+        if not in_their_sections and not _prefixes_follow_groups(key_groups[idx], group[idx]):
             # a key-group prefix that is not its section's (the generic decoder reports it as
             # written): the records in stream order, as the generic decoder gives them
             idx = idx[np.argsort(pos[idx], kind="stable")]
         p, kl, vl = pos[idx], klen[idx], vlen[idx]
         try:
-            yield _fast_state(d, header, state, decoder.prefix, p, kl, vl)
+            yield _fast_state(d, header, state, decoder.prefix, key_groups[idx], p, kl, vl)
         except (_NoFastPath, IndexError):
             yield _slow_state(data, decoder, state, p, kl, vl)
 
@@ -269,12 +271,12 @@ def _key_groups(d: _Data, prefix: int, pos: Ints) -> Any:
     return (first.astype(np.int32) << 8) | d.arr[ks + 1]
 
 
-def _prefixes_follow_groups(d: _Data, prefix: int, pos: Ints, group: Ints) -> bool:
+def _prefixes_follow_groups(key_groups: Any, group: Ints) -> bool:
     """Whether each record's prefix is its key-group section's (the section's index plus one
     constant): then the framing order, within a key group, is the stream order."""
-    if not pos.size:
+    if not group.size:
         return True
-    gap = _key_groups(d, prefix, pos) - group
+    gap = key_groups - group
     return bool(gap.min() == gap.max())
 
 
@@ -293,6 +295,7 @@ def _fast_state(
     header: ProxyHeader,
     state: StateInfo,
     prefix: int,
+    kg: Any,
     pos: Ints,
     klen: Ints,
     vlen: Ints,
@@ -302,7 +305,6 @@ def _fast_state(
     ks = pos + 4
     key_end = ks + klen
     vs = key_end + 4
-    kg = _key_groups(d, prefix, pos)
     ns_ser = state.namespace_serializer
     if ns_ser is None or getattr(ns_ser, "kind", "") != "void":
         raise _NoFastPath
@@ -560,11 +562,24 @@ def _read_list(
     arr = d.arr
     counts = (length + 1) // step
     c = int(counts[0])
-    if (counts == c).all():  # the common case: lists of one length, one 2-D gather
-        elem_start = start[:, None] + np.arange(c, dtype=np.int64) * step
-        if c > 1 and (arr[elem_start[:, :-1] + width] != LIST_DELIMITER).any():
-            raise _NoFastPath
-        flat = pa.array(_native(d.fixed(elem_start.ravel(), dtype, width)))
+    if (counts == c).all():  # the common case: lists of one length: 2-D views with a row at
+        # every byte offset (its elements, its delimiters), one gather of the records' rows each
+        # (every row read lies inside its record's value, which framing bounded)
+        n = d.n
+        if c > 1:
+            delimiters = np.ndarray(
+                (n - width - (c - 2) * step, c - 1),
+                dtype=np.uint8,
+                buffer=d.data,
+                offset=width,
+                strides=(1, step),
+            )
+            if (delimiters[start] != LIST_DELIMITER).any():
+                raise _NoFastPath
+        elements = np.ndarray(
+            (n - (c - 1) * step - width + 1, c), dtype=dtype, buffer=d.data, strides=(1, step)
+        )
+        flat = pa.array(_native(elements[start].ravel()))
         offsets = np.arange(0, (len(start) + 1) * c, c, dtype=np.int32)
         return pa.ListArray.from_arrays(pa.array(offsets), flat), None, start + length
     total = int(counts.sum())

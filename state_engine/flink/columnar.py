@@ -237,17 +237,19 @@ def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints, Int
             flags = flag4[cur]
             if flags.max() >= 0x80:  # some key group's run of a state ends here
                 at = np.flatnonzero(flags >= 0x80)
-                mark = u16[nxt[at]].astype(np.int64)
-                nxt[at] += 2
+                ends = nxt[at]
+                mark = u16[ends]  # the next state's id, or the key group's end
+                nxt[at] = ends + 2
                 sid = sid.copy()
                 sid[at] = mark
-                keep = np.ones(cur.size, dtype=bool)
-                keep[at[mark == END_OF_KEY_GROUP_MARK]] = False
-                cur, sid, group = nxt[keep], sid[keep], group[keep]
-                if not cur.size:
-                    break
-            else:
-                cur = nxt
+                done = mark == END_OF_KEY_GROUP_MARK
+                if done.any():
+                    keep = np.ones(cur.size, dtype=bool)
+                    keep[at[done]] = False
+                    nxt, sid, group = nxt[keep], sid[keep], group[keep]
+                    if not nxt.size:
+                        break
+            cur = nxt
         else:
             return None
     except IndexError:

@@ -274,7 +274,9 @@ def write_canonical(
             key_ser = _scalar(key_flink)
             rows: dict[int, list[StateEntry]] = defaultdict(list)
             hashes: dict[bytes, int] = {}
-            for _op, subtask, e in snapshot_entries(meta, op.uid or op.operator_id):
+            # canonical files decoded a whole state at a time (Arrow columns); the rows are
+            # sorted by key group and state below, a state's in stream order either way
+            for _op, subtask, e in snapshot_entries(meta, op.uid or op.operator_id, by_state=True):
                 plan = plans.get(e.state)
                 if plan is None:
                     continue

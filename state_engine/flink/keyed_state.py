@@ -771,6 +771,24 @@ def _first_rows(
             if last_needed is not None and start > last_needed:
                 break
             where = f"{meta.metadata_path} operator {label} subtask {index}"
+            if kh.type == md.SAVEPOINT_KEY_GROUPS and kh.delegate is not None and key is None:
+                # decoded into Arrow tables; Python rows made only up to the last key group
+                # the first ``limit`` matching rows need
+                found, last_needed = _columnar_rows(
+                    kh,
+                    op,
+                    label,
+                    where,
+                    state,
+                    limit - matching if by_key_group else 0,
+                    last_needed,
+                    pyflink_types,
+                )
+                for r in found:
+                    rows.append(r)
+                    names.add(r["state"])
+                    matching += state is None or r["state"] == state
+                continue
             for e in _handle_entries(md, kh, op, where):
                 if last_needed is not None and e.key_group > last_needed:
                     break
@@ -786,6 +804,46 @@ def _first_rows(
         if matching >= limit:
             break  # later operators' rows sort after these
     return rows, names
+
+
+def _columnar_rows(
+    kh: KeyedStateHandle,
+    op: OperatorState,
+    label: str,
+    where: str,
+    state: str | None,
+    needed: int,
+    last_needed: int | None,
+    pyflink_types: Any,
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Rows of one canonical handle's key groups up to the one its first ``needed`` rows of
+    ``state`` (None: any) reach (or up to ``last_needed`` if already known), and that key
+    group. The handle is decoded into Arrow tables; rows are made for those key groups only."""
+    import numpy as np
+
+    from state_engine.flink.columnar import canonical_columns
+    from state_engine.flink.pyflink import STATE_PREFIX, is_pyflink_entry, pyflink_entry
+
+    assert kh.delegate is not None
+    data = kh.delegate.read_bytes()
+    where = f"{where} file {kh.delegate.location or kh.delegate.name}"
+    columns = list(canonical_columns(data, list(kh.offsets), op.max_parallelism, where))
+
+    def shown(name: str) -> str:
+        return name[len(STATE_PREFIX) :] if name.startswith(STATE_PREFIX) else name
+
+    if last_needed is None:
+        groups = [c.key_groups() for c in columns if state is None or shown(c.state.name) == state]
+        matching = np.sort(np.concatenate(groups)) if groups else np.zeros(0, dtype=np.int64)
+        if needed > 0 and len(matching) >= needed:
+            last_needed = int(matching[needed - 1])
+    rows: list[dict[str, Any]] = []
+    for c in columns:
+        for e in c.entries_up_to(last_needed):
+            if is_pyflink_entry(e):
+                e = pyflink_entry(e, pyflink_types)
+            rows.extend(entry_rows(label, e))
+    return rows, last_needed
 
 
 def entry_rows(operator: str, e: Entry) -> list[dict[str, Any]]:

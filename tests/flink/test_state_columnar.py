@@ -4,9 +4,11 @@ vectorized (and the ones it hands back to the generic decoder), and on damaged b
 
 from __future__ import annotations
 
+import itertools
 import struct
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -153,11 +155,19 @@ def _java_records(ids: dict[str, int], keys: list[str], merchants: list[str]) ->
     "keys, merchants, vectorized",
     [
         (["a", "bb", "card-1", "x" * 100], ["amazon", "ikea"], True),
-        (["k1", "k2", "k3", "k4", "k5"], ["café", "京东商城", "🍕-pizza", "\ud800lone"], True),
+        (["k1", "k2", "k3", "k4", "k5"], ["café", "京东商城", "🍕-pizza", "Müller"], True),
+        # a lone surrogate has no UTF-8 (no Arrow string): record by record
+        (["k1", "k2"], ["café", "\ud800lone"], False),
         (["ünïcode-key", "k2"], ["m"], False),  # a non-ASCII key: record by record
         (["x" * 200, "y"], ["m"], False),  # a key of >= 127 chars (two-byte length)
-        (["nul\x00inside", "k"], ["m"], False),  # a NUL inside a key
-        (["k"], ["m\x00n", "o"], False),  # a NUL inside a user key
+        (["nul\x00inside", "k"], ["m"], True),  # a NUL inside a key: Arrow keeps it
+        (["k"], ["m\x00n", "o"], True),  # a NUL inside a user key
+        (["k"], ["m\x00ü", "o"], True),  # ... a non-ASCII one
+        # many distinct non-ASCII user keys: their units reassembled with numpy
+        (["k1", "k2", "k3", "k4"], [f"ü-{j}" for j in range(70)], True),
+        (["k1", "k2", "k3", "k4"], [f"ü-{j}" for j in range(69)] + ["🍕"], True),
+        # ... a NUL inside one of them (the reassembly's separator): record by record
+        (["k1", "k2", "k3", "k4"], [f"ü-{j}" for j in range(69)] + ["\x00ü"], False),
     ],
 )
 def test_generated_layouts_decode_the_same(
@@ -210,3 +220,112 @@ def test_damaged_streams_fail_like_the_generic_decoder(
         assert "damaged" in str(exc)
         got = type(exc)
     assert got == expected
+
+
+def test_many_distinct_user_keys_go_through_the_unit_reassembly(
+    java_header: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    original = columnar._unicode_strings
+
+    def spy(*args: Any) -> Any:
+        calls.append(len(args[1]))
+        return original(*args)
+
+    monkeypatch.setattr(columnar, "_unicode_strings", spy)
+    runs = _java_records(_ids(java_header), ["k1", "k2"], [f"ü-{j}" for j in range(70)])
+    data, offsets = _stream(java_header, runs)
+    assert _same(data, offsets, 128) == []
+    assert calls  # the dictionary path declined (too many distinct)
+
+
+def test_columns_are_arrow_tables_of_typed_columns(java_header: bytes) -> None:
+    ids = _ids(java_header)
+    runs = _java_records(ids, ["a", "bb", "ccc"], ["amazon", "café", "京东"])
+    data, offsets = _stream(java_header, runs)
+    tables = {c.state.name: c.table for c in canonical_columns(data, offsets, 128, "t")}
+    assert set(tables) == {"total", "lastSeen", "merchants", "recent"}
+    for table in tables.values():
+        assert table is not None
+        assert table.column_names == list(columnar.COLUMNS)
+        assert table.schema.field("key").type == pa.string()
+        assert table.schema.field("key_group").type == pa.int32()
+        assert table.column("namespace").null_count == table.num_rows
+    assert tables["total"].schema.field("value").type == pa.int64()
+    assert tables["lastSeen"].column("expires_at").null_count == 0
+    assert tables["total"].column("expires_at").null_count == tables["total"].num_rows
+    merchants = tables["merchants"]
+    assert pa.types.is_dictionary(merchants.schema.field("user_key").type)
+    assert sorted(set(merchants.column("user_key").to_pylist())) == ["amazon", "café", "京东"]
+    assert tables["recent"].schema.field("value").type == pa.list_(pa.int64())
+    # entries(start, stop) makes Python values of those rows only, the same as all of them
+    cols = next(
+        c for c in canonical_columns(data, offsets, 128, "t") if c.state.name == "merchants"
+    )
+    every = list(cols.entries())
+    assert list(cols.entries(2, 5)) == every[2:5]
+    assert list(cols.entries(len(cols) - 1, len(cols) + 10)) == every[-1:]
+
+
+@pytest.mark.parametrize("kind, fmt", [("long", ">q"), ("int", ">i")])
+def test_long_and_int_keys_decode_the_same(
+    java_header: bytes, monkeypatch: pytest.MonkeyPatch, kind: str, fmt: str
+) -> None:
+    """The same states keyed by a Long or an Integer (the header's key serializer swapped)."""
+    import dataclasses
+
+    from state_engine.flink import keyed_state
+    from state_engine.flink.serializers import _Scalar
+
+    original = keyed_state.read_proxy_header
+    key_ser = _Scalar(f"org.apache.flink.{kind}", struct.calcsize(fmt), kind=kind)
+
+    def header(data: bytes, where: str, pos: int = 0) -> Any:
+        return dataclasses.replace(original(data, where, pos), key_serializer=key_ser)
+
+    monkeypatch.setattr(keyed_state, "read_proxy_header", header)
+    monkeypatch.setattr(columnar, "read_proxy_header", header)
+    ids = _ids(java_header)
+    q = struct.Struct(">q").pack
+    runs = {}
+    for kg in range(4):
+        keys = [struct.pack(fmt, v) + b"\x00" for v in (-(2**31), kg, 7 + kg, 2**31 - 1)]
+        runs[kg] = [
+            (ids["total"], [(k, q(i - kg)) for i, k in enumerate(keys)]),
+            (ids["lastSeen"], [(k, q(1_795_000_000_000 + i) + q(i)) for i, k in enumerate(keys)]),
+            (
+                ids["merchants"],
+                [(k + _string_value(m), b"\x00" + q(1)) for k in keys for m in "ab"],
+            ),
+            (ids["recent"], [(k, q(i) + b"," + q(-i)) for i, k in enumerate(keys)]),
+        ]
+    data, offsets = _stream(java_header, runs)
+    assert _same(data, offsets, 128) == []
+    table = next(c.table for c in canonical_columns(data, offsets, 128, "t"))
+    assert table is not None and table.schema.field("key").type == (
+        pa.int64() if kind == "long" else pa.int32()
+    )
+
+
+def test_a_key_group_prefix_not_its_sections_keeps_the_stream_order(java_header: bytes) -> None:
+    """A record in key group 0's section whose prefix says 1 (the generic decoder reports it as
+    written): the rows of each state come in stream order all the same."""
+    raw, offsets = _stream(
+        java_header, _java_records(_ids(java_header), ["k1", "k22", "k333"], ["amazon", "café"])
+    )
+    prefixes, at = [], offsets[0] + 2  # after the first state id: key group 0's records
+    while True:
+        (kl,) = struct.unpack_from(">i", raw, at)
+        (vl,) = struct.unpack_from(">i", raw, at + 4 + kl)
+        prefixes.append(at + 4)
+        at += 8 + kl + vl
+        if raw[prefixes[-1]] & 0x80:  # the last of its state: the next state id follows
+            (mark,) = struct.unpack_from(">H", raw, at)
+            at += 2
+            if mark == 0xFFFF:
+                break
+    assert len(prefixes) == 5  # total, lastSeen, merchants x 2, recent
+    for where, kg in itertools.product(prefixes, (1, 2, 3)):
+        flipped = bytearray(raw)
+        flipped[where] = (flipped[where] & 0x80) | kg
+        assert _same(bytes(flipped), offsets, 128) == []

@@ -42,7 +42,6 @@ from state_engine.checkpoint.storage import (
     remove_empty_dirs,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs.commit import storage_for
 from state_engine.jobs.deletion import (
     SPARK_MIN_FILES,
     THREADS,
@@ -54,6 +53,7 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
+from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 
 if TYPE_CHECKING:

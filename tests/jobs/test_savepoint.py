@@ -29,7 +29,7 @@ from state_engine.checkpoint.metadata import (  # noqa: E402
     read_metadata,
     verify,
 )
-from state_engine.checkpoint.storage import SnapshotDir  # noqa: E402
+from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir  # noqa: E402
 from state_engine.errors import MaintenanceJobFailed, NoSuchSnapshot  # noqa: E402
 from state_engine.jobs import savepoint  # noqa: E402
 from state_engine.runtime import (  # noqa: E402
@@ -179,3 +179,42 @@ def test_an_unknown_snapshot_is_a_failed_run(spark: Any, catalog: Catalog, snaps
     with pytest.raises(NoSuchSnapshot):
         savepoint.run(spark, catalog, snapshot=9999, run_id="ghost")
     assert catalog.get_run("ghost").status == "FAILED"
+
+
+def test_a_retry_into_a_fixed_savepoint_dir_cleans_the_first_attempt_and_succeeds(
+    spark: Any, catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = CheckpointStorage((tmp_path / "checkpoints").as_uri())
+    made = make_snapshot(catalog, storage)
+    target = (tmp_path / "sp").as_uri()
+    real = catalog.complete_snapshot
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("catalog connection dropped")
+
+    # the first attempt attached its files and wrote _metadata into the fixed directory, then
+    # failed at the compare-and-swap
+    monkeypatch.setattr(catalog, "complete_snapshot", lost)
+    with pytest.raises(MaintenanceJobFailed, match="connection dropped"):
+        savepoint.run(spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx")
+    (first,) = [s for s in catalog.list_snapshots("orders") if s.kind == "SAVEPOINT"]
+    assert first.status == "FAILED" and not (tmp_path / "sp").exists()
+    assert catalog.snapshot_files(first.id) == []  # forgotten: the names may be written again
+
+    monkeypatch.setattr(catalog, "complete_snapshot", real)
+    report = savepoint.run(
+        spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx"
+    )
+    assert report["status"] == "SUCCEEDED" and report["attempt"] == 2
+    done = catalog.get_snapshot(report["output_snapshot_id"])
+    assert done.status == "COMPLETED" and done.location.rstrip("/") == target.rstrip("/")
+    assert done.entries == len(made.rows)
+    out = SnapshotDir.from_url(done.location)
+    meta = read_metadata(out)
+    verify(out, meta, deep=True)
+    got = list(read_entries(out, meta, (0, MAX_P - 1), operator=OP))
+    assert sorted(got) == sorted(made.rows)
+    again = savepoint.run(
+        spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx"
+    )
+    assert again["skipped"] is True

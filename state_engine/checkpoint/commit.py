@@ -216,7 +216,8 @@ def abandon(
     discard: bool = False,
     storage: CheckpointStorage | None = None,
 ) -> bool:
-    """Leave nothing of a snapshot that did not complete; False (nothing done) if it COMPLETED.
+    """Leave nothing of a snapshot that did not complete; False (nothing removed) if it
+    COMPLETED, or if the catalog can say nothing about it.
 
     The row goes PENDING -> FAILED (and -> DISCARDED with ``discard``), the catalog forgets
     the files in its directory (under the job's file lease; if another deleter holds it, the
@@ -224,16 +225,22 @@ def abandon(
     e.g. ``../shared/`` uploads) and the whole directory. Each step is best effort, so the
     error that failed the snapshot is the one its writer sees.
     """
-    try:
-        status = catalog.get_snapshot(record.id).status
-    except StatekeeperError:
-        status = None  # the catalog cannot say: the snapshot did not complete for its writer
+    status = _status(catalog, record.id)
     if status == "COMPLETED":
         return False
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    if status != "FAILED":
+        try:
+            catalog.fail_snapshot(record.id, error=text[:2000])
+        except (InvalidSnapshotTransition, CommitConflict):
+            if _status(catalog, record.id) == "COMPLETED":
+                return False  # its compare-and-swap won after all: the snapshot is restorable
+        except StatekeeperError:
+            if status is None:
+                # the catalog can say nothing: the files stay (the retry or orphan cleanup
+                # removes them), never the files of a snapshot that may have completed
+                return False
     snap = snapshot if snapshot is not None else SnapshotDir.from_url(record.location)
-    with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-        catalog.fail_snapshot(record.id, error=text[:2000])
     with contextlib.suppress(Exception):
         _forget_own_files(catalog, record, snap)
     with contextlib.suppress(Exception):
@@ -278,6 +285,13 @@ def file_refs(snap: SnapshotDir, meta: SnapshotMetadata, metadata_bytes: bytes) 
         )
     )
     return refs
+
+
+def _status(catalog: Catalog, snapshot_id: int) -> str | None:
+    try:
+        return catalog.get_snapshot(snapshot_id).status
+    except StatekeeperError:
+        return None  # the catalog cannot say
 
 
 def _fail(catalog: Catalog, record: SnapshotRecord, error: str, *, discard: bool) -> None:

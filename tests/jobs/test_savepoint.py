@@ -218,3 +218,34 @@ def test_a_retry_into_a_fixed_savepoint_dir_cleans_the_first_attempt_and_succeed
         spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx"
     )
     assert again["skipped"] is True
+
+
+def test_a_retry_after_a_crash_past_metadata_reuses_the_fixed_savepoint_dir(
+    spark: Any, catalog: Catalog, tmp_path: Path
+) -> None:
+    from state_engine.checkpoint.metadata import write_metadata
+    from state_engine.jobs.output import begin_output
+    from state_engine.jobs.run import run_tag
+
+    storage = CheckpointStorage((tmp_path / "checkpoints").as_uri())
+    made = make_snapshot(catalog, storage)
+    target = (tmp_path / "sp").as_uri()
+    # the first attempt was killed after its _metadata was written: PENDING, files attached
+    catalog.start_run("crashed", "savepoint", job="orders", input_snapshot_id=made.record.id)
+    dead = begin_output(
+        catalog, storage, "orders", tag=run_tag("crashed"), kind="SAVEPOINT",
+        parallelism=2, max_parallelism=MAX_P, savepoint_dir=target,
+    )  # fmt: skip
+    meta = dead.metadata(read_metadata(SnapshotDir.from_url(made.record.location)), [])
+    dead.pending.attach(meta)
+    write_metadata(dead.snapshot, None, meta)
+    report = savepoint.run(
+        spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="crashed"
+    )
+    assert report["status"] == "SUCCEEDED" and report["attempt"] == 2
+    assert catalog.get_snapshot(dead.record.id).status == "FAILED"
+    done = catalog.get_snapshot(report["output_snapshot_id"])
+    assert done.status == "COMPLETED" and done.location == dead.snapshot.url
+    out = SnapshotDir.from_url(done.location)
+    verify(out, read_metadata(out), deep=True)
+    assert done.entries == len(made.rows)

@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog.records import FileRef, KeyGroupStatRow, SnapshotRecord
-from state_engine.checkpoint.metadata import (
+from state_engine.checkpoint.metadata import SnapshotMetadata, write_metadata
+from state_engine.checkpoint.storage import (
     METADATA_FILE,
-    SnapshotFormat,
-    SnapshotKind,
-    SnapshotMetadata,
-    write_metadata,
+    CheckpointStorage,
+    SnapshotDir,
+    format_checksum,
 )
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir, format_checksum
 from state_engine.errors import (
     CommitConflict,
     InvalidSnapshotRequest,
@@ -47,6 +46,7 @@ from state_engine.errors import (
     StatekeeperError,
 )
 from state_engine.faults import crash_point
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from state_engine.catalog.repository import Catalog
@@ -167,8 +167,8 @@ def reserve(
                 job,
                 location=snap.url,
                 parallelism=parallelism,
-                kind=str(kind),
-                format=str(format),
+                kind=kind,
+                format=format,
                 checkpoint_id=cid,
                 parent_id=parent_id,
                 max_parallelism=max_parallelism,
@@ -192,8 +192,8 @@ def register(
         job,
         location=snap.url,
         parallelism=meta.parallelism,
-        kind=str(SnapshotKind.SAVEPOINT),
-        format=str(meta.format),
+        kind=SnapshotKind.SAVEPOINT,
+        format=meta.format,
         max_parallelism=meta.max_parallelism,
         trigger=trigger,
     )
@@ -226,14 +226,14 @@ def abandon(
     error that failed the snapshot is the one its writer sees.
     """
     status = _status(catalog, record.id)
-    if status == "COMPLETED":
+    if status is SnapshotStatus.COMPLETED:
         return False
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    if status != "FAILED":
+    if status is not SnapshotStatus.FAILED:
         try:
             catalog.fail_snapshot(record.id, error=text[:2000])
         except (InvalidSnapshotTransition, CommitConflict):
-            if _status(catalog, record.id) == "COMPLETED":
+            if _status(catalog, record.id) is SnapshotStatus.COMPLETED:
                 return False  # its compare-and-swap won after all: the snapshot is restorable
         except StatekeeperError:
             if status is None:
@@ -257,7 +257,9 @@ def file_refs(snap: SnapshotDir, meta: SnapshotMetadata, metadata_bytes: bytes) 
 
     def ref(path: str, **where: Any) -> FileRef:
         f = by_path[path]
-        return FileRef(_url(snap, path), f.size, f.checksum, details={"kind": str(f.kind)}, **where)
+        return FileRef(
+            snap.url_of(path), f.size, f.checksum, details={"kind": str(f.kind)}, **where
+        )
 
     refs: list[FileRef] = []
     for op in meta.operators:
@@ -278,7 +280,7 @@ def file_refs(snap: SnapshotDir, meta: SnapshotMetadata, metadata_bytes: bytes) 
         refs.extend(ref(p, operator=op.operator_id) for p in op.operator_state_files)
     refs.append(
         FileRef(
-            _url(snap, None),
+            snap.metadata_url,
             len(metadata_bytes),
             format_checksum(zlib.crc32(metadata_bytes)),
             details={"kind": METADATA_FILE},
@@ -287,7 +289,7 @@ def file_refs(snap: SnapshotDir, meta: SnapshotMetadata, metadata_bytes: bytes) 
     return refs
 
 
-def _status(catalog: Catalog, snapshot_id: int) -> str | None:
+def _status(catalog: Catalog, snapshot_id: int) -> SnapshotStatus | None:
     try:
         return catalog.get_snapshot(snapshot_id).status
     except StatekeeperError:
@@ -306,7 +308,7 @@ def _fail(catalog: Catalog, record: SnapshotRecord, error: str, *, discard: bool
 def _forget_own_files(catalog: Catalog, record: SnapshotRecord, snap: SnapshotDir) -> None:
     """The catalog forgets the files in the snapshot's own directory (not ``shared/`` ones, nor
     earlier snapshots' files it reused), under the job's file lease if it is free."""
-    base = _url(snap, "").rstrip("/") + "/"
+    base = snap.url.rstrip("/") + "/"
     own = [
         f.path
         for f in catalog.snapshot_files(record.id)
@@ -328,23 +330,11 @@ def _forget_own_files(catalog: Catalog, record: SnapshotRecord, snap: SnapshotDi
             catalog.release_lease(lease, token)
 
 
-# --- raw storage calls: the only ones the committer makes (CheckpointStorage takes them over) ---
-
-
-def _url(snap: SnapshotDir, relative: str | None) -> str:
-    """The URL of a snapshot-relative path (``None``: its ``_metadata``; ``""``: the directory)."""
-    if relative is None:
-        return snap.fs.unstrip_protocol(snap.metadata_path)
-    return snap.fs.unstrip_protocol(snap.resolve(relative) if relative else snap.path)
-
-
 def _remove(snap: SnapshotDir, created: Sequence[str], storage: CheckpointStorage | None) -> None:
     """Remove ``created`` (snapshot-relative, may reach ``../shared/``) and the directory."""
     for rel in created:
-        path = snap.resolve(rel)
-        if snap.fs.exists(path):
-            snap.fs.rm_file(path)
+        snap.remove_file(rel)
     if storage is not None:
         storage.discard(snap)  # refuses a directory that looks like a job root
-    elif snap.fs.exists(snap.path):
-        snap.fs.rm(snap.path, recursive=True)
+    else:
+        snap.remove()

@@ -30,6 +30,7 @@ from state_engine.checkpoint.strategies import (
     WriteContext,
 )
 from state_engine.faults import crash_point
+from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
     from state_engine.checkpoint.manager import CheckpointManager
@@ -125,7 +126,7 @@ def _delta_rows(view: KeyedStateView) -> Iterator[tuple[Any, ...]]:
 
 
 class DeltaSnapshotStrategy(SnapshotStrategy):
-    format = "DELTA"
+    format = SnapshotFormat.DELTA
 
     def __init__(self, manager: CheckpointManager, checkpoint_id: int, incremental: bool) -> None:
         self.manager = manager

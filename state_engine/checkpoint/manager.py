@@ -57,7 +57,6 @@ from state_engine.checkpoint.state import (
 from state_engine.checkpoint.storage import (
     CheckpointStorage,
     SnapshotDir,
-    remove_empty_dirs,
 )
 from state_engine.checkpoint.strategies import (
     CanonicalSnapshotStrategy,
@@ -78,8 +77,8 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotStatus
 
-FORMATS = ("canonical", "native", "delta")
 OPERATOR_STATE_PREFIX = "@operator/"
 
 
@@ -193,10 +192,10 @@ class CheckpointManager:
         verify_checksums: bool = False,
         fork_writer: bool = True,
     ) -> None:
-        if format not in FORMATS:
+        if format not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
                 f"checkpoint format {format!r} of job {job!r} is unknown; use one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         if retained < 1 or full_every < 1:
             raise InvalidSnapshotRequest(
@@ -211,7 +210,7 @@ class CheckpointManager:
         self.parallelism = parallelism
         self.format = format
         self.retained = retained
-        self.incremental = incremental or format == "delta"
+        self.incremental = incremental or format == SnapshotFormat.DELTA.option
         self.full_every = full_every
         self.row_group_bytes = row_group_bytes
         self.verify_checksums = verify_checksums
@@ -238,7 +237,7 @@ class CheckpointManager:
         self,
         subtasks: Sequence[SubtaskState],
         *,
-        kind: str = "CHECKPOINT",
+        kind: str = SnapshotKind.CHECKPOINT,
         savepoint_dir: str | None = None,
         trigger: str = "periodic",
         format: str | None = None,
@@ -353,13 +352,15 @@ class CheckpointManager:
 
     def _format_for(self, kind: SnapshotKind, override: str | None) -> SnapshotFormat:
         fmt = override if override is not None else self.format
-        if fmt not in FORMATS:
+        if fmt not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
                 f"snapshot format {fmt!r} for job {self.job!r} is unknown; use one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         # a savepoint is self-contained: a delta chain would reach into other snapshots
-        if kind is SnapshotKind.SAVEPOINT and (override is None or fmt == "delta"):
+        if kind is SnapshotKind.SAVEPOINT and (
+            override is None or fmt == SnapshotFormat.DELTA.option
+        ):
             return SnapshotFormat.CANONICAL
         return SnapshotFormat(fmt.upper())
 
@@ -496,7 +497,7 @@ class CheckpointManager:
 
     def _completed_in_catalog(self, snapshot_id: int) -> bool:
         try:
-            return self.catalog.get_snapshot(snapshot_id).status == "COMPLETED"
+            return self.catalog.get_snapshot(snapshot_id).status is SnapshotStatus.COMPLETED
         except StatekeeperError:
             return False  # the catalog cannot say: treat the commit as not done, as before
 
@@ -709,15 +710,12 @@ class CheckpointManager:
                 if rel.startswith("shared/"):
                     self.registry.forget(["../" + rel])
             self.catalog.forget_files(self.job, [f.path for f in files], lease=lease, token=token)
-            fs = self.storage.fs
             for f in files:
-                path = fs._strip_protocol(f.path)
-                if fs.exists(path):
-                    fs.rm_file(path)
+                if self.storage.delete(f.path):
                     crash_point("checkpoint.during_release")
                 deleted.append(f.path)
-            remove_empty_dirs(
-                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)], fs=fs
+            self.storage.remove_empty_dirs(
+                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)]
             )
         finally:
             with contextlib.suppress(LeaseError):
@@ -791,7 +789,7 @@ class CheckpointManager:
             self._to_confirm.clear()
             if mode is RestoreMode.CLAIM:
                 rec = restored.snapshot
-                if rec.kind == "CHECKPOINT" and rec.job_id == self.job_record.id:
+                if rec.kind is SnapshotKind.CHECKPOINT and rec.job_id == self.job_record.id:
                     self._owned[rec.id] = rec
                     self._last_completed = rec
                     self.registry.register(files)

@@ -71,6 +71,7 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
@@ -112,11 +113,11 @@ def resolve_snapshot(
 
 
 def _check_status(record: SnapshotRecord) -> SnapshotRecord:
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         fix = {
-            "PENDING": "it is still being written (or its writer died): wait for it, or restore "
-            "an earlier COMPLETED one",
-            "FAILED": "it never completed: restore an earlier COMPLETED one",
+            SnapshotStatus.PENDING: "it is still being written (or its writer died): wait for "
+            "it, or restore an earlier COMPLETED one",
+            SnapshotStatus.FAILED: "it never completed: restore an earlier COMPLETED one",
         }.get(record.status, "its files may be gone: restore a COMPLETED one")
         raise SnapshotNotRestorable(
             f"snapshot {record.id} ({record.kind.lower()} {record.checkpoint_id} of job "
@@ -128,8 +129,8 @@ def _check_status(record: SnapshotRecord) -> SnapshotRecord:
 
 def _dir_of(manager: CheckpointManager, record: SnapshotRecord) -> SnapshotDir:
     snap = manager.storage.snapshot(record.location)
-    if record.kind == "SAVEPOINT":
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+    if record.kind is SnapshotKind.SAVEPOINT:
+        snap = snap.self_contained()
     return snap
 
 
@@ -195,7 +196,7 @@ def restore_snapshot(
             "them: restore it from there, or take a savepoint"
         )
     if record is None:
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+        snap = snap.self_contained()
     verify(snap, meta, deep=manager.verify_checksums)
     where = snap.url
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:

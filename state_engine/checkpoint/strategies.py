@@ -47,6 +47,7 @@ from state_engine.checkpoint.storage import (
 from state_engine.errors import SnapshotCancelled, SnapshotFileExists
 from state_engine.faults import crash_point
 from state_engine.keygroups import key_group_prefix_length
+from state_engine.snapshot_enums import SnapshotFormat
 
 _CHUNK = 1 << 20
 _CANCEL_EVERY = 4096
@@ -204,7 +205,7 @@ class CanonicalCapture(Capture):
 
 
 class CanonicalSnapshotStrategy(SnapshotStrategy):
-    format = "CANONICAL"
+    format = SnapshotFormat.CANONICAL
 
     def capture(
         self, operator_uid: str, subtask_index: int, backend: KeyedStateBackend
@@ -366,7 +367,7 @@ class NativeCapture(Capture):
 
 
 class NativeSnapshotStrategy(SnapshotStrategy):
-    format = "NATIVE"
+    format = SnapshotFormat.NATIVE
 
     def __init__(self, checkpoint_id: int) -> None:
         self.checkpoint_id = checkpoint_id

@@ -32,7 +32,6 @@ positions, sink state) is Flink-specific and is not converted (reported as skipp
 
 from __future__ import annotations
 
-import contextlib
 import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -75,6 +74,7 @@ from state_engine.serde import (
     StrSerializer,
     TypeSerializer,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE, NamespaceSerializer
 
@@ -381,8 +381,7 @@ def _abort(snap: SnapshotDir, writers: list[CanonicalWriter], files: list[Snapsh
     for w in writers:
         w.abort()  # removes what an unfinished writer wrote; finished files go below
     for f in files:
-        with contextlib.suppress(FileNotFoundError):
-            snap.fs.rm_file(snap.resolve(f.path))
+        snap.remove_file(f.path)
 
 
 def run(
@@ -459,7 +458,7 @@ def _convert(
         record.job,
         tag=tag,
         settings=settings,
-        kind="SAVEPOINT",
+        kind=SnapshotKind.SAVEPOINT,
         parallelism=max(1, meta.parallelism),
         max_parallelism=meta.max_parallelism,
         savepoint_dir=savepoint_dir,
@@ -528,7 +527,7 @@ def latest_flink_snapshot(catalog: Any, job: str) -> int | None:
     record = catalog.get_job(job)
     if getattr(record, "origin", "statekeeper") != "flink":
         return None
-    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+    for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
         if catalog_flink_metadata(catalog, snap.id) is not None:
             return int(snap.id)
     raise FlinkConversionError(

@@ -56,6 +56,7 @@ from state_engine.jobs.output import output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.jobs.snapshot_read import estimated_key_group_bytes, open_source, range_batches
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,8 +117,8 @@ def chain_snapshots(catalog: Catalog, record: Any) -> list[Any]:
     for snap in catalog.list_snapshots(record.job):
         if (
             snap.id == record.id
-            or snap.kind != "CHECKPOINT"
-            or snap.status != "COMPLETED"
+            or snap.kind is not SnapshotKind.CHECKPOINT
+            or snap.status is not SnapshotStatus.COMPLETED
             or snap.checkpoint_id >= record.checkpoint_id
         ):
             continue
@@ -130,12 +131,12 @@ def chain_snapshots(catalog: Catalog, record: Any) -> list[Any]:
 
 def release_chain(catalog: Catalog, record: Any, output_id: int, tag: str) -> dict[str, Any]:
     """Subsume the chain's checkpoints, unless the job has a snapshot in flight."""
-    if record.kind != "CHECKPOINT":
+    if record.kind is not SnapshotKind.CHECKPOINT:
         return {"released": False, "reason": "the input is a savepoint: the user owns it"}
     busy = [
         s.checkpoint_id
         for s in catalog.list_snapshots(record.job)
-        if s.status == "PENDING" and s.trigger != tag and s.id != output_id
+        if s.status is SnapshotStatus.PENDING and s.trigger != tag and s.id != output_id
     ]
     if busy:
         return {
@@ -183,7 +184,7 @@ def run(
         record.job,
         tag=ctx.tag,
         settings=ctx.settings,
-        kind="CHECKPOINT",
+        kind=SnapshotKind.CHECKPOINT,
         parallelism=meta.parallelism,
         max_parallelism=meta.max_parallelism,
     ) as out:

@@ -28,6 +28,7 @@ from state_engine.errors import (
 from state_engine.jobs.run import RunTarget
 from state_engine.jobs.snapshot_read import open_source, snapshot_format
 from state_engine.jobs.spark import check_reachable
+from state_engine.snapshot_enums import SnapshotStatus
 
 _ADVICE = {
     SnapshotFormat.NATIVE: "; take a canonical savepoint of it first (the savepoint job)",
@@ -82,7 +83,7 @@ def load_input(
     """A COMPLETED snapshot whose files are of an ``allow``-ed format, reachable by Spark, with
     its ``_metadata`` read."""
     record = catalog.get_snapshot(snapshot_id)
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         raise SnapshotNotUsable(
             f"snapshot {record.id} of job {record.job!r} is {record.status}, not COMPLETED; "
             f"only completed snapshots are read: pick one from `statectl snapshots {record.job}`"
@@ -92,9 +93,8 @@ def load_input(
     try:
         meta = read_metadata(snap)
     except MissingMetadata:
-        recorded = SnapshotFormat(record.format)
-        if recorded not in allow:  # refused for its format before its directory is asked
-            raise _not_usable(record, recorded, allow) from None
+        if record.format not in allow:  # refused for its format before its directory is asked
+            raise _not_usable(record, record.format, allow) from None
         raise
     fmt = snapshot_format(meta)
     if fmt not in allow:

@@ -3,7 +3,7 @@
 Every job that writes a snapshot (savepoint, ttl_cleanup, compaction, rescale) runs its writing
 inside :func:`output_snapshot`::
 
-    with output_snapshot(catalog, job, tag=ctx.tag, kind="SAVEPOINT", ...) as out:
+    with output_snapshot(catalog, job, tag=ctx.tag, kind=SnapshotKind.SAVEPOINT, ...) as out:
         if out.recovered:                       # an earlier attempt of the run committed it
             return out.recovered_result(stats)
         ...                                     # Spark tasks write into out.target()
@@ -20,7 +20,7 @@ raises, aborts it: FAILED, its directory removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +30,6 @@ from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
 )
@@ -41,6 +39,12 @@ from state_engine.errors import InvalidJobParams, InvalidSnapshotRequest
 from state_engine.jobs.canonical_write import RangeOutput, TargetSpec
 from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult
+from state_engine.snapshot_enums import (
+    UNFINISHED_STATUSES,
+    SnapshotFormat,
+    SnapshotKind,
+    SnapshotStatus,
+)
 
 if TYPE_CHECKING:
     from state_engine.catalog import Catalog
@@ -99,7 +103,7 @@ class OutputSnapshot:
         self,
         template: SnapshotMetadata,
         outputs: Sequence[RangeOutput],
-        operator_state_files: dict[str, Sequence[SnapshotFile]] | None = None,
+        operator_state_files: Mapping[str, Sequence[SnapshotFile]] | None = None,
     ) -> SnapshotMetadata:
         """``_metadata`` of the output: the template's operators and states over the new files."""
         operator_state_files = operator_state_files or {}
@@ -186,9 +190,9 @@ def previous_output(catalog: Catalog, job: str, tag: str) -> SnapshotRecord | No
     for snap in catalog.list_snapshots(job):
         if snap.trigger != tag:
             continue
-        if snap.status == "COMPLETED":
+        if snap.status is SnapshotStatus.COMPLETED:
             done = snap
-        elif snap.status in ("PENDING", "FAILED"):
+        elif snap.status in UNFINISHED_STATUSES:
             abandon(catalog, snap, "abandoned by an earlier attempt of its run")
     return done
 
@@ -199,7 +203,7 @@ def begin_output(
     job: str,
     *,
     tag: str,
-    kind: str,
+    kind: SnapshotKind | str,
     parallelism: int,
     max_parallelism: int,
     savepoint_dir: str | None = None,
@@ -207,7 +211,7 @@ def begin_output(
     """Reserve the job's next checkpoint id and directory for an output tagged ``tag`` (PENDING);
     the caller commits or aborts it (jobs use :func:`output_snapshot`, which does both)."""
     try:
-        kind_ = SnapshotKind(kind.upper())
+        kind_ = SnapshotKind(str(kind).upper())
     except ValueError:
         raise InvalidJobParams(
             f"output kind {kind!r} is unknown; use CHECKPOINT or SAVEPOINT"
@@ -234,7 +238,7 @@ def output_snapshot(
     job: str,
     *,
     tag: str,
-    kind: str,
+    kind: SnapshotKind | str,
     parallelism: int,
     max_parallelism: int,
     savepoint_dir: str | None = None,

@@ -291,11 +291,6 @@ def rebucket_task(
 SPILL_RUN_BYTES = 256 << 20
 
 
-def _is_local(snap: SnapshotDir) -> bool:
-    protocol = snap.fs.protocol
-    return "file" in (protocol if isinstance(protocol, tuple | list) else (protocol,))
-
-
 def _spill_run(
     out: SnapshotDir, batches: list[pa.RecordBatch], pieces: int, new_max: int, name: str
 ) -> dict[int, str]:
@@ -312,7 +307,7 @@ def _spill_run(
     table = table.take(arrow_array(order))
     dest = (kg_sorted.astype(np.int64) * pieces) // new_max
     cuts = np.flatnonzero(np.diff(dest)) + 1
-    local = _is_local(out)
+    local = out.store.is_local
     written: dict[int, str] = {}
     for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(dest)].tolist(), strict=True):
         d = int(dest[lo])
@@ -320,10 +315,10 @@ def _spill_run(
         path = out.resolve(rel)
         part = table.slice(lo, hi - lo)
         if local:
-            out.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            out.store.makedirs(posixpath.dirname(path))
             sink: Any = pa.OSFile(path, "wb")
         else:
-            sink = out.fs.open(path, "wb")
+            sink = out.store.open_write(path)
         with sink, pa.ipc.new_file(sink, KEYED_SCHEMA) as w:
             w.write_table(part)
         written[d] = rel
@@ -377,7 +372,7 @@ def spill_range(
 
 
 def _open_spill(out: SnapshotDir, rel: str) -> pa.Table:
-    if _is_local(out):
+    if out.store.is_local:
         # memory-mapped: the table's buffers are the page cache's, nothing is copied
         return pa.ipc.open_file(pa.memory_map(out.resolve(rel))).read_all()
     with out.open_input(rel) as f:
@@ -465,7 +460,7 @@ def write_direct(
         snap = target.open()
         for o in outputs:
             for f in o.files:
-                snap.fs.rm_file(snap.resolve(f.path))
+                snap.remove_file(f.path)
         raise
     return outputs, rows, stats.bytes_read
 
@@ -546,9 +541,7 @@ def rebucket(
         finally:
             # spill files are never part of the snapshot: gone before _metadata is written
             snap = out.snapshot
-            spill = snap.resolve(SPILL_DIR)
-            if snap.fs.exists(spill):
-                snap.fs.rm(spill, recursive=True)
+            snap.store.delete_tree(snap.resolve(SPILL_DIR))
     op_files = write_operator_state_files(src, meta, out, new_p)
     template = SnapshotMetadata(
         job=meta.job,
@@ -590,7 +583,7 @@ def run(
     job_max = catalog.get_job(record.job).max_parallelism
     new_p, new_max = check_target(parallelism, max_parallelism, job_max)
     same = new_max == record.max_parallelism == job_max
-    if same and (kind or "CHECKPOINT").upper() != "CHECKPOINT":
+    if same and (kind or SnapshotKind.CHECKPOINT).upper() != SnapshotKind.CHECKPOINT:
         raise InvalidJobParams(
             "a rescale at the same max parallelism is a checkpoint over the input's files; a "
             "savepoint must hold its own files: take it with the savepoint job instead"
@@ -612,7 +605,7 @@ def run(
             else (SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
         )
         source, src, meta = inp.record, inp.snapshot, inp.meta
-        if same and source.kind != "CHECKPOINT":
+        if same and source.kind is not SnapshotKind.CHECKPOINT:
             raise SnapshotNotUsable(
                 f"snapshot {source.id} is a savepoint; a checkpoint must not depend on files the "
                 "user owns: restore the savepoint at the new parallelism directly (canonical "
@@ -631,7 +624,7 @@ def run(
             record.job,
             tag=ctx.tag,
             settings=ctx.settings,
-            kind="CHECKPOINT" if same else (kind or "SAVEPOINT"),
+            kind=SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
             parallelism=new_p,
             max_parallelism=new_max,
             savepoint_dir=None if same else savepoint_dir,

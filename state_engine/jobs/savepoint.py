@@ -45,6 +45,7 @@ from state_engine.jobs.snapshot_read import (
     range_batches,
 )
 from state_engine.jobs.spark import check_reachable, min_tasks
+from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -135,7 +136,7 @@ def run(
         record.job,
         tag=ctx.tag,
         settings=ctx.settings,
-        kind="SAVEPOINT",
+        kind=SnapshotKind.SAVEPOINT,
         parallelism=meta.parallelism,
         max_parallelism=meta.max_parallelism,
         savepoint_dir=savepoint_dir,

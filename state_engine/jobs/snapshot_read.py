@@ -43,6 +43,7 @@ from state_engine.checkpoint.strategies import local_name_of
 from state_engine.errors import CorruptMetadata
 from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
 from state_engine.keygroups import KeyGroupRange
+from state_engine.snapshot_enums import SnapshotKind
 
 NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
 _GROUP = ("key_group", "key", "namespace", "state")
@@ -52,7 +53,7 @@ _BATCH_ROWS = 16384
 
 def open_source(url: str, kind: str) -> SnapshotDir:
     # a savepoint never reaches outside its directory, so it is opened without shared access
-    return SnapshotDir.from_url(url, allow_shared=kind != "SAVEPOINT")
+    return SnapshotDir.from_url(url, allow_shared=kind != SnapshotKind.SAVEPOINT)
 
 
 def snapshot_format(meta: SnapshotMetadata) -> SnapshotFormat:

@@ -106,7 +106,7 @@ def read_rows(plan: ShowPlan, limit: int | None = 100) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for op, chosen in plan.files.items():
         for f, groups in chosen:
-            with snap.fs.open(snap.resolve(f.path), "rb") as handle:
+            with snap.open_input(f.path) as handle:
                 parquet = pq.ParquetFile(handle)
                 table = parquet.read() if groups is None else parquet.read_row_groups(groups)
             if op in plan.key_bytes:

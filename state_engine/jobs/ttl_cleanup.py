@@ -40,6 +40,7 @@ from state_engine.jobs.inputs import load_input, resolve_input
 from state_engine.jobs.output import output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.jobs.spark import min_tasks
+from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -99,7 +100,7 @@ def run(
     job: str | None = None,
     at: int | None = None,
     watermark: int | None = None,
-    kind: str = "CHECKPOINT",
+    kind: str = SnapshotKind.CHECKPOINT,
     savepoint_dir: str | None = None,
     tasks: int | None = None,
     row_group_bytes: int | None = None,

@@ -13,9 +13,8 @@ from state_engine.keygroups import check_parallelism
 from state_engine.runtime.functions import KeyedProcessFunction
 from state_engine.runtime.sinks import Sink
 from state_engine.runtime.sources import Source
+from state_engine.snapshot_enums import FORMAT_OPTIONS
 from state_engine.state.ttl import Clock
-
-FORMATS = ("canonical", "native", "delta")
 
 
 @dataclass(frozen=True)
@@ -73,10 +72,10 @@ class Job:
                 "of one"
             )
         check_parallelism(self.max_parallelism, self.parallelism)
-        if self.checkpoint_format not in FORMATS:
+        if self.checkpoint_format not in FORMAT_OPTIONS:
             raise InvalidJob(
                 f"job {self.name!r}: checkpoint_format {self.checkpoint_format!r} is not one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         if type(self.retained) is not int or self.retained < 1:
             raise InvalidJob(f"job {self.name!r}: retained must be an int >= 1")

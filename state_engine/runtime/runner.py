@@ -29,6 +29,7 @@ from state_engine.runtime.keyed_operator import KeyedProcessOperator
 from state_engine.runtime.sinks import SinkWriter, new_attempt_id
 from state_engine.runtime.source_reader import SourceReader
 from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK, combined_watermark
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 from state_engine.state.ttl import Clock, SystemClock
 
@@ -156,7 +157,7 @@ class JobRunner:
         job, p = self.job, self.parallelism
         factory = job.backend if job.backend is not None else HeapBackendFactory()
         if (
-            job.checkpoint_format == "delta"
+            SnapshotFormat.from_option(job.checkpoint_format) is SnapshotFormat.DELTA
             and isinstance(factory, HeapBackendFactory)
             and not factory.track_changes
         ):
@@ -324,10 +325,10 @@ class JobRunner:
                         if heap:
                             o.fire_processing_timers()
                     if n >= check_at:
-                        coordinator.poll()  # type: ignore[union-attr]
-                        if coordinator.due(n):  # type: ignore[union-attr]
-                            coordinator.trigger(n)  # type: ignore[union-attr]
-                        check_at = coordinator.next_check(n)  # type: ignore[union-attr]
+                        coordinator.poll()  # type: ignore[union-attr]  # None: check_at is maxsize
+                        if coordinator.due(n):  # type: ignore[union-attr]  # as above
+                            coordinator.trigger(n)  # type: ignore[union-attr]  # as above
+                        check_at = coordinator.next_check(n)  # type: ignore[union-attr]  # as above
                 if not progressed:
                     return False
         finally:
@@ -353,14 +354,14 @@ class JobRunner:
 
     def checkpoint(self) -> SnapshotRecord:
         """A checkpoint now (between records), waited for and notified."""
-        return self._snapshot("CHECKPOINT", None)
+        return self._snapshot(SnapshotKind.CHECKPOINT, None)
 
     def savepoint(self, directory: str | Path | None = None) -> SnapshotRecord:
         """A savepoint now (canonical, self-contained), in ``directory``: a URL, a path under the
         checkpoint root (str), a local directory (Path), or the storage's default."""
         if isinstance(directory, Path):
             directory = directory.resolve().as_uri()
-        return self._snapshot("SAVEPOINT", directory)
+        return self._snapshot(SnapshotKind.SAVEPOINT, directory)
 
     def _snapshot(self, kind: str, directory: str | None) -> SnapshotRecord:
         self._ensure_running()

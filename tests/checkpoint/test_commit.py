@@ -10,16 +10,14 @@ import pytest
 from state_engine.checkpoint.canonical import CanonicalWriter
 from state_engine.checkpoint.commit import PendingCommit, register, reserve
 from state_engine.checkpoint.metadata import (
-    METADATA_FILE,
     OperatorSnapshot,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
     read_metadata,
 )
-from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.checkpoint.storage import METADATA_FILE, CheckpointStorage
 from state_engine.errors import InvalidSnapshotRequest
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 MAX_P = 128
 
@@ -62,12 +60,12 @@ def _write(pending: PendingCommit, rows: list[Any]) -> SnapshotMetadata:
 
 def test_reserve_attach_complete(catalog: Any, storage: CheckpointStorage, make_rows) -> None:
     pending = _reserve(catalog, storage)
-    assert pending.record.status == "PENDING" and pending.record.checkpoint_id == 1
+    assert pending.record.status is SnapshotStatus.PENDING and pending.record.checkpoint_id == 1
     meta = _write(pending, make_rows(MAX_P, 2))
     total, entries = pending.attach(meta)
     assert not pending.snapshot.has_metadata()  # written last, by complete
     done = pending.complete(meta, bytes=total, entries=entries)
-    assert done.status == "COMPLETED" and done.bytes == total
+    assert done.status is SnapshotStatus.COMPLETED and done.bytes == total
     assert read_metadata(pending.snapshot) == meta
     refs = {f.path: f for f in catalog.snapshot_files(done.id)}
     meta_ref = refs[pending.snapshot.fs.unstrip_protocol(pending.snapshot.metadata_path)]
@@ -75,7 +73,7 @@ def test_reserve_attach_complete(catalog: Any, storage: CheckpointStorage, make_
     assert len(refs) == len(meta.files) + 1 and total == sum(f.size for f in refs.values())
     # a COMPLETED snapshot is never torn down by an abort
     assert pending.abort("late failure") is False
-    assert catalog.get_snapshot(done.id).status == "COMPLETED"
+    assert catalog.get_snapshot(done.id).status is SnapshotStatus.COMPLETED
     assert read_metadata(pending.snapshot) == meta
 
 
@@ -97,7 +95,7 @@ def test_an_abort_fails_forgets_and_removes_so_the_names_can_be_written_again(
     first.attach(meta)
     assert first.abort(OSError("disk gone")) is True
     failed = catalog.get_snapshot(first.record.id)
-    assert failed.status == "FAILED" and failed.error == "OSError: disk gone"
+    assert failed.status is SnapshotStatus.FAILED and failed.error == "OSError: disk gone"
     assert catalog.snapshot_files(failed.id) == []
     assert not first.snapshot.fs.exists(first.snapshot.path)
     # the same directory again: its _metadata path is a name the catalog has forgotten
@@ -108,7 +106,7 @@ def test_an_abort_fails_forgets_and_removes_so_the_names_can_be_written_again(
     assert second.snapshot.url == first.snapshot.url
     meta2 = _write(second, make_rows(MAX_P, 2))
     second.attach(meta2)
-    assert second.complete(meta2).status == "COMPLETED"
+    assert second.complete(meta2).status is SnapshotStatus.COMPLETED
 
 
 def test_a_relocated_savepoint_is_registered_with_its_files(
@@ -117,7 +115,11 @@ def test_a_relocated_savepoint_is_registered_with_its_files(
     catalog.register_job("job", max_parallelism=MAX_P, location=storage.url_of("job"))
     snap, meta = write_snapshot(make_rows(MAX_P, 1), kind=SnapshotKind.SAVEPOINT)
     record = register(catalog, "job", snap, meta, trigger="relocated")
-    assert (record.status, record.kind, record.trigger) == ("COMPLETED", "SAVEPOINT", "relocated")
+    assert (record.status, record.kind, record.trigger) == (
+        SnapshotStatus.COMPLETED,
+        SnapshotKind.SAVEPOINT,
+        "relocated",
+    )
     refs = catalog.snapshot_files(record.id)
     assert len(refs) == len(meta.files) + 1
     assert record.bytes == sum(f.size for f in meta.files) + len(snap.read_metadata_bytes())

@@ -8,7 +8,7 @@ from typing import Any
 from state_engine.backends.heap import HeapKeyedStateBackend
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.checkpoint.canonical import CanonicalWriter, StateEntry, write_operator_state
+from state_engine.checkpoint.canonical import CanonicalWriter, write_operator_state
 from state_engine.checkpoint.metadata import OperatorSnapshot, SnapshotFormat, SnapshotMetadata
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.jobs.canonical_write import RangeOutput, WriteRange
@@ -24,6 +24,7 @@ from state_engine.state import (
     TtlTimeDomain,
     ValueStateDescriptor,
 )
+from state_engine.state.meta import StateEntry
 
 MAX_P = 128
 OP = "agg"

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
 from state_engine.checkpoint.state import HeapBackendFactory, RocksDBBackendFactory
 from state_engine.runtime import (
@@ -22,6 +21,7 @@ from state_engine.runtime import (
     RecordTimestampClock,
 )
 from state_engine.runtime.sinks import Sink
+from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
 PARTITIONS = 4
 SMALL = 150  # records per partition in the matrix

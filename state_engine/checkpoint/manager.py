@@ -25,23 +25,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from state_engine.backends.base import KeyedStateBackend
-from state_engine.catalog.records import FileRef, KeyGroupStatRow, SnapshotRecord
+from state_engine.catalog.records import KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
 from state_engine.checkpoint.canonical import (
     DEFAULT_ROW_GROUP_BYTES,
     KeyGroupStats,
     write_operator_state,
 )
+from state_engine.checkpoint.commit import (
+    FILE_LEASE_TTL_S,
+    PendingCommit,
+    file_lease_name,
+    reserve,
+)
 from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.metadata import (
-    METADATA_FILE,
     OperatorSnapshot,
     SnapshotFile,
     SnapshotFormat,
     SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
-    write_metadata,
 )
 from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.state import (
@@ -53,7 +57,6 @@ from state_engine.checkpoint.state import (
 from state_engine.checkpoint.storage import (
     CheckpointStorage,
     SnapshotDir,
-    format_checksum,
 )
 from state_engine.checkpoint.strategies import (
     CanonicalSnapshotStrategy,
@@ -77,17 +80,11 @@ from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotStatus
 
 OPERATOR_STATE_PREFIX = "@operator/"
-FILE_LEASE_TTL_S = 120.0
 
 
 def operator_state_key(name: str) -> str:
     """Where an operator state's meta sits in ``OperatorSnapshot.states`` (keyed states: name)."""
     return OPERATOR_STATE_PREFIX + name
-
-
-def file_lease_name(job: str) -> str:
-    """The lease that guards deleting a job's snapshot files (shared with expire/orphan jobs)."""
-    return f"statekeeper/{job}/files"
 
 
 @dataclass
@@ -105,6 +102,7 @@ class SnapshotStats:
 
 @dataclass
 class _Job:
+    commit: PendingCommit
     record: SnapshotRecord
     snapshot: SnapshotDir
     kind: SnapshotKind
@@ -259,7 +257,8 @@ class CheckpointManager:
             and not self._force_full
         )
         parent = self._last_completed if incremental else None
-        record, snap = self._begin(kind_, fmt, parallelism, savepoint_dir, trigger, parent)
+        commit = self._begin(kind_, fmt, parallelism, savepoint_dir, trigger, parent)
+        record, snap = commit.record, commit.snapshot
         ctx = WriteContext(
             snapshot=snap,
             checkpoint_id=record.checkpoint_id,
@@ -291,9 +290,10 @@ class CheckpointManager:
             for c in captures:
                 with contextlib.suppress(Exception):
                     c.release()
-            self._abandon(record, snap, exc)
+            self._abandon(commit, exc)
             raise
         job = _Job(
+            commit=commit,
             record=record,
             snapshot=snap,
             kind=kind_,
@@ -327,7 +327,7 @@ class CheckpointManager:
             return  # no fork (out of processes or memory): the checkpoint thread writes instead
         except BaseException as exc:
             self._release(job.captures)
-            self._abandon(job.record, job.snapshot, exc)
+            self._abandon(job.commit, exc)
             raise
         self._release(job.captures)
 
@@ -412,37 +412,18 @@ class CheckpointManager:
         savepoint_dir: str | None,
         trigger: str,
         parent: SnapshotRecord | None,
-    ) -> tuple[SnapshotRecord, SnapshotDir]:
-        for _ in range(20):
-            latest = self.catalog.list_snapshots(self.job, limit=1)
-            cid = (latest[0].checkpoint_id + 1) if latest else 1
-            if kind is SnapshotKind.CHECKPOINT:
-                snap = self.storage.checkpoint(self.job, cid)
-            else:
-                snap = self.storage.savepoint(self.job, cid, savepoint_dir)
-            try:
-                record = self.catalog.begin_snapshot(
-                    self.job,
-                    location=snap.url,
-                    parallelism=parallelism,
-                    kind=str(kind),
-                    format=str(fmt),
-                    checkpoint_id=cid,
-                    parent_id=parent.id if parent is not None else None,
-                    max_parallelism=self.max_parallelism,
-                    trigger=trigger,
-                )
-            except CommitConflict:
-                continue  # another writer took this checkpoint id: take the next
-            if snap.has_metadata():
-                self.catalog.fail_snapshot(record.id, error="directory already committed")
-                raise InvalidSnapshotRequest(
-                    f"snapshot directory {snap.url} already holds a committed {METADATA_FILE}; "
-                    "snapshots are never overwritten: choose another savepoint directory"
-                )
-            return record, snap
-        raise InvalidSnapshotRequest(
-            f"could not reserve a checkpoint id for job {self.job!r}: others keep taking them"
+    ) -> PendingCommit:
+        return reserve(
+            self.catalog,
+            self.storage,
+            self.job,
+            kind=kind,
+            format=fmt,
+            parallelism=parallelism,
+            max_parallelism=self.max_parallelism,
+            trigger=trigger,
+            savepoint_dir=savepoint_dir,
+            parent_id=parent.id if parent is not None else None,
         )
 
     def _capture(
@@ -495,12 +476,8 @@ class CheckpointManager:
             with job.lock:
                 ctx.check()  # a cancel after this point is refused: the commit starts
                 job.committed = True
-            write_metadata(job.snapshot, None, meta)
-            crash_point("checkpoint.after_metadata")
             total_bytes, entries = job.catalog_totals
-            record = self.catalog.complete_snapshot(
-                job.record.id, job.record.version, bytes=total_bytes, entries=entries
-            )
+            record = job.commit.complete(meta, bytes=total_bytes, entries=entries)
             crash_point("checkpoint.after_complete")
         except BaseException as exc:
             if job.committed and self._completed_in_catalog(job.record.id):
@@ -510,7 +487,7 @@ class CheckpointManager:
             job.committed = False
             if job.child is not None:
                 job.child.kill(ctx.created.append)  # files it reported are removed below
-            self._abandon(job.record, job.snapshot, exc, created=ctx.created)
+            self._abandon(job.commit, exc, created=ctx.created)
             raise
         finally:
             with self._lock:
@@ -655,52 +632,7 @@ class CheckpointManager:
                 )
                 self._registered_states[(op.operator_id, name)] = m
 
-    def _url(self, snap: SnapshotDir, relative: str) -> str:
-        return snap.url_of(relative)
-
     def _attach(self, job: _Job, meta: SnapshotMetadata, results: list[SubtaskResult]) -> None:
-        snap = job.snapshot
-        refs: list[FileRef] = []
-        by_path = {f.path: f for f in meta.files}
-        for op in meta.operators:
-            for st in op.subtasks:
-                for p in st.files:
-                    f = by_path[p]
-                    refs.append(
-                        FileRef(
-                            self._url(snap, p),
-                            f.size,
-                            f.checksum,
-                            shared=f.shared,
-                            operator=op.operator_id,
-                            subtask=st.index,
-                            key_group_start=st.key_group_range[0],
-                            key_group_end=st.key_group_range[1],
-                            details={"kind": str(f.kind)},
-                        )
-                    )
-            for p in op.operator_state_files:
-                f = by_path[p]
-                refs.append(
-                    FileRef(
-                        self._url(snap, p),
-                        f.size,
-                        f.checksum,
-                        operator=op.operator_id,
-                        details={"kind": str(f.kind)},
-                    )
-                )
-        data = meta.to_json()
-        import zlib
-
-        refs.append(
-            FileRef(
-                snap.metadata_url,
-                len(data),
-                format_checksum(zlib.crc32(data)),
-                details={"kind": METADATA_FILE},
-            )
-        )
         stats: list[KeyGroupStatRow] = []
         for uid in sorted({r.operator_uid for r in results}):
             merged: dict[int, KeyGroupStats] = {}
@@ -710,13 +642,8 @@ class CheckpointManager:
             stats.extend(
                 KeyGroupStatRow(uid, kg, s.rows, s.bytes) for kg, s in sorted(merged.items())
             )
-        # The attach commits on its own: once it returns, the catalog knows the files, and a
-        # concurrent orphan cleanup judges them as referenced (no write lock held meanwhile).
-        self.catalog.attach_files(job.record.id, refs)
-        self.catalog.record_key_group_stats(job.record.id, stats)
-        # what complete_snapshot would otherwise sum up again in SQL
-        sizes = {r.path: r.size for r in refs}
-        job.catalog_totals = (sum(sizes.values()), sum(s.rows for s in stats))
+        job.catalog_totals = job.commit.attach(meta, stats)
+        by_path = {f.path: f for f in meta.files}
         job.stats.bytes_written = sum(r.bytes_written for r in results) + sum(
             by_path[p].size for op in meta.operators for p in op.operator_state_files
         )
@@ -799,22 +726,11 @@ class CheckpointManager:
         return deleted
 
     def _abandon(
-        self,
-        record: SnapshotRecord,
-        snap: SnapshotDir,
-        exc: BaseException,
-        created: Sequence[str] = (),
+        self, commit: PendingCommit, exc: BaseException, created: Sequence[str] = ()
     ) -> None:
-        """Leave nothing of a failed or cancelled snapshot: files, then the catalog row."""
-        with contextlib.suppress(Exception):
-            for rel in created:
-                snap.remove_file(rel)
-            self.storage.discard(snap)
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-            self.catalog.fail_snapshot(record.id, error=error)
-        with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-            self.catalog.discard_snapshot(record.id)
+        """Leave nothing of a failed or cancelled snapshot: its row ends DISCARDED, its files
+        (``created``: also those outside its directory, e.g. ``shared/`` uploads) are removed."""
+        commit.abort(exc, created=created, discard=True, storage=self.storage)
         with contextlib.suppress(Exception):
             self.collect_garbage()
 

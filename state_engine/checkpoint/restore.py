@@ -30,12 +30,13 @@ from state_engine.backends.operator_state import (
     OperatorStateMeta,
     group_by_subtask,
 )
-from state_engine.catalog.records import FileRef, SnapshotRecord
+from state_engine.catalog.records import SnapshotRecord
 from state_engine.checkpoint.canonical import (
     batches_to_entries,
     read_key_groups,
     read_operator_state,
 )
+from state_engine.checkpoint.commit import register
 from state_engine.checkpoint.delta import read_folded
 from state_engine.checkpoint.metadata import (
     METADATA_FILE,
@@ -277,59 +278,7 @@ def register_savepoint(
     manager: CheckpointManager, snap: SnapshotDir, meta: SnapshotMetadata
 ) -> SnapshotRecord:
     """Record a savepoint directory the catalog does not know (e.g. relocated) as COMPLETED."""
-    cat = manager.catalog
-    record = cat.begin_snapshot(
-        manager.job,
-        location=snap.url,
-        parallelism=meta.parallelism,
-        kind=SnapshotKind.SAVEPOINT,
-        format=meta.format,
-        max_parallelism=meta.max_parallelism,
-        trigger="relocated",
-    )
-    try:
-        refs = []
-        for op in meta.operators:
-            for st in op.subtasks:
-                refs.extend(
-                    FileRef(
-                        snap.url_of(p),
-                        meta.file(p).size,
-                        meta.file(p).checksum,
-                        operator=op.operator_id,
-                        subtask=st.index,
-                        key_group_start=st.key_group_range[0],
-                        key_group_end=st.key_group_range[1],
-                    )
-                    for p in st.files
-                )
-            refs.extend(
-                FileRef(
-                    snap.url_of(p),
-                    meta.file(p).size,
-                    meta.file(p).checksum,
-                    operator=op.operator_id,
-                )
-                for p in op.operator_state_files
-            )
-        data = snap.read_metadata_bytes()
-        refs.append(
-            FileRef(
-                snap.metadata_url,
-                len(data),
-                format_checksum(zlib.crc32(data)),
-                details={"kind": METADATA_FILE},
-            )
-        )
-        cat.attach_files(record.id, refs)
-        return cat.complete_snapshot(record.id, record.version)
-    except BaseException as exc:
-        # Separately: a failed first step must not leave the snapshot PENDING.
-        with contextlib.suppress(Exception):
-            cat.fail_snapshot(record.id, error=f"registering relocated savepoint: {exc}"[:2000])
-        with contextlib.suppress(Exception):
-            cat.discard_snapshot(record.id)
-        raise
+    return register(manager.catalog, manager.job, snap, meta, trigger="relocated")
 
 
 def _overlap(st: SubtaskSnapshot, rng: KeyGroupRange) -> KeyGroupRange:

@@ -407,7 +407,8 @@ def run(
     import uuid
 
     from state_engine.flink.keyed_state import catalog_flink_metadata
-    from state_engine.jobs.commit import previous_output, run_tag
+    from state_engine.jobs.output import previous_output
+    from state_engine.jobs.run import run_tag
 
     meta = catalog_flink_metadata(catalog, snapshot)
     if meta is None:
@@ -452,28 +453,20 @@ def _convert(
     settings: Any,
 ) -> dict[str, Any]:
     from state_engine.catalog import KeyGroupStatRow
-    from state_engine.jobs.commit import (
-        abort_output,
-        begin_output,
-        commit_output,
-        previous_output,
-        storage_for,
-    )
+    from state_engine.jobs.output import output_snapshot
 
-    done = previous_output(catalog, record.job, tag)
-    if done is not None:
-        return _report(record, done, None, recovered=True)
-    out = begin_output(
+    with output_snapshot(
         catalog,
-        storage_for(catalog, record.job, settings),
         record.job,
+        tag=tag,
+        settings=settings,
         kind=SnapshotKind.SAVEPOINT,
         parallelism=max(1, meta.parallelism),
         max_parallelism=meta.max_parallelism,
-        tag=tag,
         savepoint_dir=savepoint_dir,
-    )
-    try:
+    ) as out:
+        if out.recovered:
+            return _report(record, out.record, None, recovered=True)
         conv = write_canonical(
             meta,
             out.snapshot,
@@ -490,10 +483,7 @@ def _convert(
                 for kg, s in sorted(per_kg.items())
             ],
         )
-        done = commit_output(catalog, out, conv.metadata, [])
-    except BaseException as exc:
-        abort_output(catalog, out, str(exc))
-        raise
+        done = out.commit(conv.metadata, [])
     return _report(record, done, conv, recovered=False)
 
 

@@ -21,7 +21,13 @@ from state_engine.snapshot_enums import SnapshotKind
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
 _NOT_PARAMS = {
-    "handler", "command", "job_name", "maintain_command", "state_command", "json", "task_id"
+    "handler",
+    "command",
+    "job_name",
+    "maintain_command",
+    "state_command",
+    "json",
+    "task_id",
 }
 _NOT_PARAMS |= {"ttl", "pyflink_types"}  # Flink conversion options (flink/convert.py)
 
@@ -274,7 +280,7 @@ def cmd_state_show(args: argparse.Namespace) -> int:
         rows = _flink_state_rows(catalog, args)
         if rows is None:
             rows = _statekeeper_state_rows(catalog, args, settings)
-    from state_engine.jobs.state_inspect import COLUMNS
+    from state_engine.jobs.state_decode import COLUMNS
 
     if args.json:
         print(json.dumps(rows, default=_json_default, ensure_ascii=False))

@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.manager import file_lease_name
+from state_engine.checkpoint.commit import file_lease_name
 from state_engine.checkpoint.storage import delete_each, delete_url
 from state_engine.errors import (
     DeletionLeaseHeld,

@@ -36,7 +36,6 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.jobs import deletion
-from state_engine.jobs.commit import storage_for
 from state_engine.jobs.deletion import (
     SPARK_MIN_FILES,
     THREADS,
@@ -49,6 +48,7 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
+from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 

@@ -39,7 +39,6 @@ from state_engine.checkpoint.storage import (
     remove_empty_dirs,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs.commit import storage_for
 from state_engine.jobs.deletion import (
     SPARK_MIN_FILES,
     THREADS,
@@ -51,6 +50,7 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
+from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 

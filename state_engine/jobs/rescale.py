@@ -26,8 +26,8 @@ operator) and small enough per task (``DIRECT_GROUP_BYTES``), one wave does it a
 one task per core, each reading the whole input, keeping its consecutive destination ranges' rows
 by a vectorised mask and writing them directly: reading the input a few times costs less than
 writing, reading and deleting the spill.
-(Shuffling the rows through Spark instead, ``write_frame``, moved every binary column through the
-JVM twice and ran at about half the speed.) The output is a SAVEPOINT (self-contained) by
+(Shuffling the rows through Spark instead moved every binary column through the JVM twice and
+ran at about half the speed.) The output is a SAVEPOINT (self-contained) by
 default; then the job's max parallelism is recorded in the catalog (``set_job_max_parallelism``),
 after which only snapshots of the new max parallelism can be restored by the job.
 
@@ -82,21 +82,17 @@ from state_engine.jobs.canonical_write import (
     run_range_tasks,
     write_range,
 )
-from state_engine.jobs.commit import (
-    OutputSnapshot,
-    abort_output,
-    begin_output,
-    build_metadata,
-    commit_output,
-    previous_output,
-    storage_for,
-)
-from state_engine.jobs.compaction import load_source
 from state_engine.jobs.deletion import FileLease
-from state_engine.jobs.inputs import resolve_input
+from state_engine.jobs.inputs import load_input, resolve_input
+from state_engine.jobs.output import OutputSnapshot, output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
-from state_engine.jobs.savepoint import min_tasks, plan_ranges
-from state_engine.jobs.snapshot_read import native_subtask_batches, open_source, range_batches
+from state_engine.jobs.snapshot_read import (
+    native_subtask_batches,
+    open_source,
+    plan_read_ranges,
+    range_batches,
+)
+from state_engine.jobs.spark import min_tasks
 from state_engine.keygroups import (
     UPPER_BOUND_MAX_PARALLELISM,
     compute_key_group_range_for_operator_index,
@@ -295,10 +291,6 @@ def rebucket_task(
 SPILL_RUN_BYTES = 256 << 20
 
 
-def _is_local(snap: SnapshotDir) -> bool:
-    return snap.store.is_local
-
-
 def _spill_run(
     out: SnapshotDir, batches: list[pa.RecordBatch], pieces: int, new_max: int, name: str
 ) -> dict[int, str]:
@@ -315,7 +307,7 @@ def _spill_run(
     table = table.take(arrow_array(order))
     dest = (kg_sorted.astype(np.int64) * pieces) // new_max
     cuts = np.flatnonzero(np.diff(dest)) + 1
-    local = _is_local(out)
+    local = out.store.is_local
     written: dict[int, str] = {}
     for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(dest)].tolist(), strict=True):
         d = int(dest[lo])
@@ -380,7 +372,7 @@ def spill_range(
 
 
 def _open_spill(out: SnapshotDir, rel: str) -> pa.Table:
-    if _is_local(out):
+    if out.store.is_local:
         # memory-mapped: the table's buffers are the page cache's, nothing is copied
         return pa.ipc.open_file(pa.memory_map(out.resolve(rel))).read_all()
     with out.open_input(rel) as f:
@@ -502,7 +494,7 @@ def rebucket(
     """Re-bucket every keyed operator into the output (two task waves, see module docstring)."""
     sizing = {"row_group_bytes": int(row_group_bytes)} if row_group_bytes else {}
     target = out.target(**sizing)
-    read_ranges, native = plan_ranges(meta, tasks)
+    read_ranges, native = plan_read_ranges(meta, tasks)
     new_max = out.record.max_parallelism
     url, kind = src.url, record.kind
     operators = [op.operator_id for op in meta.operators if op.subtasks]
@@ -561,7 +553,7 @@ def rebucket(
         operators=meta.operators,
         files=(),
     )
-    return build_metadata(out, template, outputs, op_files), outputs, rows_in, bytes_in
+    return out.metadata(template, outputs, op_files), outputs, rows_in, bytes_in
 
 
 #: How long a metadata-only rescale waits for a deleting job to release the file lease.
@@ -605,13 +597,14 @@ def run(
         else contextlib.nullcontext()
     )
     with lease:
-        source, src, meta, fmt = load_source(
+        inp = load_input(
             catalog,
             snapshot,
             allow=(SnapshotFormat.CANONICAL,)
             if same
             else (SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
         )
+        source, src, meta = inp.record, inp.snapshot, inp.meta
         if same and source.kind is not SnapshotKind.CHECKPOINT:
             raise SnapshotNotUsable(
                 f"snapshot {source.id} is a savepoint; a checkpoint must not depend on files the "
@@ -619,34 +612,27 @@ def run(
                 "snapshots read at any parallelism), or rescale a checkpoint"
             )
         base_stats: dict[str, Any] = {
-            "input_format": str(fmt),
+            "input_format": str(inp.format),
             "from_parallelism": meta.parallelism,
             "to_parallelism": new_p,
             "from_max_parallelism": meta.max_parallelism,
             "to_max_parallelism": new_max,
             "metadata_only": same,
         }
-        done = previous_output(catalog, record.job, ctx.tag)
-        if done is not None:
-            if not same:
-                catalog.set_job_max_parallelism(record.job, new_max)
-            return JobResult(
-                output_snapshot_id=done.id,
-                rows_out=done.entries,
-                bytes_out=done.bytes,
-                stats={**base_stats, "recovered": True, "output_location": done.location},
-            )
-        out = begin_output(
+        with output_snapshot(
             catalog,
-            storage_for(catalog, record.job, ctx.settings),
             record.job,
+            tag=ctx.tag,
+            settings=ctx.settings,
             kind=SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
             parallelism=new_p,
             max_parallelism=new_max,
-            tag=ctx.tag,
             savepoint_dir=None if same else savepoint_dir,
-        )
-        try:
+        ) as out:
+            if out.recovered:
+                if not same:
+                    catalog.set_job_max_parallelism(record.job, new_max)
+                return out.recovered_result(base_stats)
             rows_in, bytes_in = source.entries, 0
             if same:
                 new_meta, outputs = metadata_only(catalog, source, src, meta, out, new_p)
@@ -654,10 +640,7 @@ def run(
                 new_meta, outputs, rows_in, bytes_in = rebucket(
                     spark, src, source, meta, out, new_p, min_tasks(spark, tasks), row_group_bytes
                 )
-            out_record = commit_output(catalog, out, new_meta, outputs)
-        except BaseException as exc:
-            abort_output(catalog, out, str(exc))
-            raise
+            out_record = out.commit(new_meta, outputs)
     crash_point("rescale.after_complete")
     if not same:
         catalog.set_job_max_parallelism(record.job, new_max)

@@ -42,7 +42,7 @@ from state_engine import faults
 from state_engine.catalog import Catalog
 from state_engine.errors import NotFound
 from state_engine.examples import fraud
-from state_engine.jobs.commit import run_tag
+from state_engine.jobs.run import run_tag
 from state_engine.runtime import FileSink
 from state_engine.verify import verify
 
@@ -119,7 +119,7 @@ CANONICAL = fraud_job("heap-canonical", crash_p=3, recover_p=1)
 CASES = [
     Case("checkpoint.after_data_files:2", NATIVE, "data files written, nothing in the catalog"),
     Case("checkpoint.after_attach:2", NATIVE, "files attached, snapshot PENDING, no _metadata"),
-    Case("checkpoint.after_metadata:2", NATIVE, "_metadata written, catalog still PENDING"),
+    Case("commit.after_metadata:2", NATIVE, "_metadata written, catalog still PENDING"),
     Case("checkpoint.after_complete:2", NATIVE, "COMPLETED, sink not yet committed"),
     Case("checkpoint.during_release", NATIVE, "a released file deleted, catalog not told"),
     Case("checkpoint.native.after_shared_upload:7", NATIVE, "a shared SST uploaded, no commit"),
@@ -166,8 +166,8 @@ CASES += [
         "output COMPLETED, chain not yet subsumed",
     ),
     Case("savepoint.after_tasks", SAVEPOINT, "native subtasks captured, nothing attached"),
-    Case("jobs.commit.after_metadata", SAVEPOINT, "savepoint _metadata written, PENDING"),
-    Case("jobs.commit.after_metadata", RESCALE_SAME, "metadata-only: _metadata, PENDING"),
+    Case("commit.after_metadata", SAVEPOINT, "savepoint _metadata written, PENDING"),
+    Case("commit.after_metadata", RESCALE_SAME, "metadata-only: _metadata, PENDING"),
     Case("rescale.after_spill", RESCALE_NEW, "rows spilled by new key group, nothing written"),
     Case("rescale.after_write", RESCALE_NEW, "re-bucketed files written, spill still there"),
     Case(
@@ -200,7 +200,7 @@ def test_every_crash_point_in_the_engine_is_in_the_table_and_in_its_module() -> 
 
 
 def test_every_maintenance_job_is_killed_at_a_point_of_its_own() -> None:
-    # points in jobs.commit and jobs.deletion are shared; they do not count for a job
+    # points in checkpoint.commit and jobs.deletion are shared; they do not count for a job
     kinds = {c.scenario.kind for c in CASES if isinstance(c.scenario, Maintenance)}
     assert kinds >= {"compaction", "savepoint", "rescale", "expire", "orphan_cleanup"}
     for kind in kinds:

@@ -233,7 +233,7 @@ def test_a_conversion_killed_after_its_metadata_recovers_on_retry(
     # the default savepoint directory: a retry writes under a new name (with a fixed
     # --savepoint-dir the killed attempt's registered _metadata name blocks the retry)
     argv = [str(statectl), "maintain", "savepoint", "--snapshot", str(sid), "--run-id", "conv-1"]
-    env = {**os.environ, "STATEKEEPER_CRASH_AT": "jobs.commit.after_metadata"}
+    env = {**os.environ, "STATEKEEPER_CRASH_AT": "commit.after_metadata"}
     killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     with _catalog(home) as cat:

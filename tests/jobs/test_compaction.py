@@ -39,7 +39,7 @@ from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import InvalidJobParams, MaintenanceJobFailed
 from state_engine.jobs import compaction
 from state_engine.jobs.canonical_write import RangeOutput, WriteRange
-from state_engine.jobs.commit import begin_output, build_metadata, commit_output
+from state_engine.jobs.output import begin_output
 from state_engine.jobs.snapshot_read import fold_range
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.runtime import (
@@ -231,8 +231,7 @@ def _small_files_snapshot(catalog: Catalog, storage: CheckpointStorage) -> tuple
         operators=(OperatorSnapshot(OP, StrSerializer().snapshot().to_dict(), states, ()),),
         files=(),
     )  # fmt: skip
-    record = commit_output(catalog, out, build_metadata(out, template, outputs, {OP: [op_file]}),
-                           outputs)  # fmt: skip
+    record = out.commit(out.metadata(template, outputs, {OP: [op_file]}), outputs)
     return record, rows
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.checkpoint.metadata import SnapshotFormat, read_metadata
+from state_engine.checkpoint.metadata import read_metadata
+from state_engine.snapshot_enums import SnapshotFormat
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.checkpoint.metadata import (
-    FileKind,
-    SnapshotFile,
-    SnapshotFormat,
-    SnapshotMetadata,
-    read_metadata,
-)
+from state_engine.checkpoint.metadata import FileKind, SnapshotFile, SnapshotMetadata, read_metadata
 from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import (
     InvalidJobParams,
@@ -28,7 +22,7 @@ from state_engine.errors import (
 from state_engine.jobs.run import RunTarget
 from state_engine.jobs.snapshot_read import open_source, snapshot_format
 from state_engine.jobs.spark import check_reachable
-from state_engine.snapshot_enums import SnapshotStatus
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotStatus
 
 _ADVICE = {
     SnapshotFormat.NATIVE: "; take a canonical savepoint of it first (the savepoint job)",

@@ -66,8 +66,6 @@ from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
 )
@@ -98,6 +96,7 @@ from state_engine.keygroups import (
     compute_key_group_range_for_operator_index,
     key_groups_for_hashes,
 )
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.canonical import arrow_array
-from state_engine.checkpoint.metadata import SnapshotFormat, SnapshotMetadata
+from state_engine.checkpoint.metadata import SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import (
@@ -45,7 +45,7 @@ from state_engine.jobs.snapshot_read import (
     range_batches,
 )
 from state_engine.jobs.spark import check_reachable, min_tasks
-from state_engine.snapshot_enums import SnapshotKind
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -15,13 +15,12 @@ from state_engine.checkpoint.canonical import CanonicalWriter
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
     write_metadata,
 )
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 
 

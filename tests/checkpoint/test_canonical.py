@@ -29,8 +29,6 @@ from state_engine.checkpoint.canonical import (
 from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
     read_metadata,
@@ -39,6 +37,7 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.storage import CheckpointStorage, ReadStats, SnapshotDir
 from state_engine.errors import ChecksumMismatch, InvalidStateRows, SnapshotFileMismatch
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 
 MakeRows = Callable[..., list[StateEntry]]

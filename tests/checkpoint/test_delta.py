@@ -21,8 +21,6 @@ from state_engine.checkpoint.delta import (
 )
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
     read_metadata,
@@ -31,6 +29,7 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.errors import InvalidStateRows
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 
 MAX_P = 16

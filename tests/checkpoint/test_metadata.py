@@ -14,7 +14,6 @@ from state_engine.checkpoint.canonical import CanonicalWriter, read_entries
 from state_engine.checkpoint.metadata import (
     FORMAT_VERSION,
     FileKind,
-    SnapshotKind,
     SnapshotMetadata,
     read_metadata,
     verify,
@@ -30,6 +29,7 @@ from state_engine.errors import (
     SnapshotFileMismatch,
     UnsupportedMetadataVersion,
 )
+from state_engine.snapshot_enums import SnapshotKind
 
 WriteSnapshot = Callable[..., Any]
 

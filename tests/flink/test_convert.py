@@ -13,7 +13,7 @@ import pytest
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint import CheckpointManager, HeapBackendFactory
-from state_engine.checkpoint.metadata import SnapshotKind, read_metadata, verify
+from state_engine.checkpoint.metadata import read_metadata, verify
 from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.cli import main
 from state_engine.errors import FlinkConversionError
@@ -23,6 +23,7 @@ from state_engine.flink.pyflink import PyFlinkTypes
 from state_engine.hashing import java_string_hash, murmur_hash
 from state_engine.keygroups import compute_operator_index_for_key_group
 from state_engine.serde import serializer_from_snapshot
+from state_engine.snapshot_enums import SnapshotKind
 from state_engine.state import ManualClock
 
 TTL_MS = 3_600_000  # the Java job's StateTtlConfig (fixture README)

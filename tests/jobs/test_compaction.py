@@ -30,7 +30,6 @@ from state_engine.checkpoint.delta import (
 from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
-    SnapshotFormat,
     SnapshotMetadata,
     read_metadata,
     verify,
@@ -50,6 +49,7 @@ from state_engine.runtime import (
     RecordTimestampClock,
 )
 from state_engine.serde import StrSerializer
+from state_engine.snapshot_enums import SnapshotFormat
 from state_engine.state.meta import StateEntry
 from tests.jobs.jobdata import MAX_P, OP, job_rows
 from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of

@@ -17,12 +17,7 @@ from state_engine.checkpoint import (
     RocksDBBackendFactory,
 )
 from state_engine.checkpoint.canonical import read_entries
-from state_engine.checkpoint.metadata import (
-    FileKind,
-    SnapshotKind,
-    read_metadata,
-    verify,
-)
+from state_engine.checkpoint.metadata import FileKind, read_metadata, verify
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import MaintenanceJobFailed, NoSuchSnapshot
 from state_engine.jobs import savepoint
@@ -33,7 +28,7 @@ from state_engine.runtime import (
     JobRunner,
     RecordTimestampClock,
 )
-from state_engine.snapshot_enums import SnapshotStatus
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from state_engine.state import ManualClock
 from state_engine.state.meta import StateEntry
 from tests.jobs.jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot

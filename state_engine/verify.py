@@ -392,7 +392,7 @@ def register(commands: Any) -> argparse.ArgumentParser:
         "size and checksum, each _metadata verifies; list unreferenced files. Exit 0 when "
         f"consistent, {EXIT_INCONSISTENT} on any inconsistency"
     )
-    parser = commands.add_parser("verify", help=text, description=text)
+    parser: argparse.ArgumentParser = commands.add_parser("verify", help=text, description=text)
     parser.set_defaults(handler=cmd_verify)
     parser.add_argument("job", metavar="JOB", nargs="?", help="only this job (default: all)")
     parser.add_argument("--quick", action="store_true", help="sizes only, no checksums")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from html import escape
 from typing import Annotated, Any
@@ -153,7 +154,7 @@ def jobs_overview(
 # --- a job ---
 
 
-def size_series(points: list[SizePoint], formats: dict[int, str] | None = None) -> list[Series]:
+def size_series(points: list[SizePoint], formats: Mapping[int, str] | None = None) -> list[Series]:
     """The job's total state size per snapshot, one line per snapshot format (a canonical
     savepoint among native checkpoints is another line, not a dip), and one line per operator
     (of the newest format) when there are several; savepoints are marked."""

@@ -21,7 +21,7 @@ import operator
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from state_engine.errors import (
     CorruptOperatorState,
@@ -68,17 +68,19 @@ class OperatorStateMode(enum.Enum):
     BROADCAST = "BROADCAST"
 
 
-_MODES_BY_VALUE = {m.value: m for m in OperatorStateMode}
+#: Keyed by ``object``: :func:`_parse_mode` looks up whatever value a snapshot holds.
+_MODES_BY_VALUE: dict[object, OperatorStateMode] = {m.value: m for m in OperatorStateMode}
 
 
 def _parse_mode(value: object, where: str) -> OperatorStateMode:
     if isinstance(value, OperatorStateMode):
         return value
-    mode = _MODES_BY_VALUE.get(value)  # type: ignore[call-overload]
+    mode = _MODES_BY_VALUE.get(value)
     if mode is None:
         raise CorruptOperatorState(
             f"{where}: unknown operator-state mode {value!r}; the modes are "
-            f"{', '.join(_MODES_BY_VALUE)}: the snapshot is corrupt or from another system"
+            f"{', '.join(m.value for m in OperatorStateMode)}: the snapshot is corrupt or from "
+            "another system"
         )
     return mode
 
@@ -89,7 +91,7 @@ class OperatorStateRow(NamedTuple):
     state: str
     mode: str
     subtask: int
-    index: int
+    index: int  # type: ignore[assignment]  # the column's name; shadows tuple.index (unused)
     value: bytes
 
 
@@ -165,7 +167,7 @@ def _check_serializer(spec: object, what: str, name: str) -> TypeSerializer:
     return get_serializer(spec)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -175,20 +177,20 @@ def _check_parallelism(parallelism: object, what: str = "parallelism") -> int:
             f"{what} must be an int, got {type(parallelism).__name__} {parallelism!r}: pass a "
             f"whole number in 1..{UPPER_BOUND_MAX_PARALLELISM}"
         )
-    if not 1 <= parallelism <= UPPER_BOUND_MAX_PARALLELISM:  # type: ignore[operator]
+    if not 1 <= parallelism <= UPPER_BOUND_MAX_PARALLELISM:
         raise InvalidParallelism(
             f"{what} {parallelism} is outside 1..{UPPER_BOUND_MAX_PARALLELISM}: choose one in range"
         )
-    return parallelism  # type: ignore[return-value]
+    return parallelism
 
 
 def _check_subtask(subtask_index: object, parallelism: int) -> int:
-    if not _is_int(subtask_index) or not 0 <= subtask_index < parallelism:  # type: ignore[operator]
+    if not _is_int(subtask_index) or not 0 <= subtask_index < parallelism:
         raise InvalidParallelism(
             f"subtask index {subtask_index!r} is outside 0..{parallelism - 1} for parallelism "
             f"{parallelism}: pass the subtask's 0-based index"
         )
-    return subtask_index  # type: ignore[return-value]
+    return subtask_index
 
 
 def _encode_entry(key: bytes, value: bytes) -> bytes:
@@ -714,9 +716,8 @@ def redistribute(
     fresh indices 0..n-1 per state, sorted by state then index. Pure: the input is not changed.
     """
     new_p = _check_parallelism(new_parallelism, "new parallelism")
-    if isinstance(rows_by_old_subtask, (str, bytes)) or not isinstance(
-        rows_by_old_subtask, Sequence
-    ):
+    given: object = rows_by_old_subtask  # callers may pass anything: checked at run time
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
         raise CorruptOperatorState(
             "redistribute takes one sequence of rows per old subtask, got "
             f"{type(rows_by_old_subtask).__name__}"
@@ -860,7 +861,7 @@ class SourceOffsets:
 def _check_offset(offset: object, what: str) -> int:
     try:
         # operator.index accepts NumPy integers (offsets often come out of Arrow) but no floats.
-        value = operator.index(offset)  # type: ignore[arg-type]
+        value = operator.index(offset)  # type: ignore[arg-type]  # any object: TypeError below
     except TypeError:
         value = -1
     if isinstance(offset, bool) or not 0 <= value <= 2**63 - 1:

@@ -144,9 +144,9 @@ def _from_buffers(values: Sequence[Any], type_: pa.DataType) -> pa.Array | None:
     if dtype is not None:
         if not types <= {int}:
             return None
-        vals = [0 if v is None else v for v in values] if has_null else values
+        ints = [0 if v is None else v for v in values] if has_null else values
         try:
-            wide = np.fromiter(vals, dtype=np.int64, count=n)
+            wide = np.fromiter(ints, dtype=np.int64, count=n)
         except OverflowError:
             return None
         data = wide.astype(dtype)
@@ -631,7 +631,9 @@ def _incompressible(column: pa.ChunkedArray) -> bool:
     if data is None or data.size < 4096:
         return False  # too little to judge: keep the codec
     sample = data[: min(data.size, _SAMPLE_BYTES)]
-    return pa.compress(sample, codec="zstd", asbytes=False).size > _KEEP_RAW_ABOVE * sample.size
+    raw: int = sample.size
+    compressed: int = pa.compress(sample, codec="zstd", asbytes=False).size
+    return compressed > _KEEP_RAW_ABOVE * raw
 
 
 def _runs(row_groups: list[tuple[int, int]]) -> tuple[KeyGroupRun, ...]:
@@ -792,7 +794,9 @@ def write_operator_state(
             f"operator-state rows for snapshot {where} must have 5 fields (state, mode, subtask, "
             f"index, value); got {bad_width[0]!r}"
         )
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in OPERATOR_SCHEMA]
+    columns: list[Sequence[Any]] = (
+        list(zip(*rows, strict=True)) if rows else [[] for _ in OPERATOR_SCHEMA]
+    )
     arrays = [_pa_array(c, fld, where) for c, fld in zip(columns, OPERATOR_SCHEMA, strict=True)]
     modes = set(arrays[1].to_pylist())
     if not modes <= set(OPERATOR_STATE_MODES):

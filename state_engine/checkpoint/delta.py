@@ -26,16 +26,16 @@ import pyarrow as pa
 from state_engine.checkpoint.canonical import (
     KEYED_SCHEMA,
     CanonicalWriter,
-    StateEntry,
     batches_to_entries,
     binary_lengths,
     int_values,
     is_valid,
     read_key_groups,
 )
-from state_engine.checkpoint.metadata import FileKind, SnapshotMetadata
+from state_engine.checkpoint.metadata import FileKind, SnapshotFile, SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import CorruptMetadata, InvalidStateRows
+from state_engine.state.meta import StateEntry
 
 PUT = 0
 DELETE = 1
@@ -176,7 +176,7 @@ def read_folded(
     by_path = {f.path: f for f in meta.files}
     paths = dict.fromkeys(p for s in op.subtasks for p in s.files)
     base = [by_path[p] for p in paths if by_path[p].kind is FileKind.KEYED]
-    chain: dict[int, list] = {}
+    chain: dict[int, list[SnapshotFile]] = {}
     for p in paths:
         f = by_path[p]
         if f.kind is FileKind.DELTA:

@@ -139,7 +139,8 @@ class ForkedWrite(Generic[T]):
             )
         kind, payload = self._outcome
         if kind == _RESULT:
-            return pickle.loads(payload)
+            result: T = pickle.loads(payload)  # the child pickled the writer's T
+            return result
         exc, text = pickle.loads(payload)
         if exc is None:
             raise SnapshotWriterDied(f"writing the snapshot's files failed:\n{text}")

@@ -444,6 +444,12 @@ def _is_hex(s: str) -> bool:
     return all(c in "0123456789abcdef" for c in s)
 
 
+def _is_filesystem(source: object) -> bool:
+    # fsspec has no type information: FileSystem is Any to mypy, which isinstance() refuses
+    filesystem_class: type = FileSystem
+    return isinstance(source, filesystem_class)
+
+
 def snapshot_dir_of(
     source: CheckpointStorage | FileSystem | SnapshotDir | str, snapshot: str | None = None
 ) -> SnapshotDir:
@@ -458,7 +464,7 @@ def snapshot_dir_of(
         if snapshot is None:
             raise TypeError("read_metadata(storage, snapshot): name the snapshot directory")
         return source.snapshot(snapshot)
-    if isinstance(source, FileSystem):
+    if _is_filesystem(source):
         if snapshot is None:
             raise TypeError("read_metadata(fs, snapshot): name the snapshot path on fs")
         return SnapshotDir.on(source, snapshot)

@@ -88,14 +88,18 @@ class Columns:
 
     def __len__(self) -> int:
         if self.table is not None:
-            return self.table.num_rows
+            rows: int = self.table.num_rows
+            return rows
         assert self.rows is not None
         return len(self.rows)
 
     def key_groups(self) -> npt.NDArray[np.int64]:
         """Every row's key group (no Python object per row for a table)."""
         if self.table is not None:
-            return self.table.column("key_group").to_numpy().astype(np.int64)
+            key_groups: npt.NDArray[np.int64] = (
+                self.table.column("key_group").to_numpy().astype(np.int64)
+            )
+            return key_groups
         assert self.rows is not None
         return np.array([e.key_group for e in self.rows], dtype=np.int64)
 

@@ -171,9 +171,10 @@ class JavaStreamReader:
             return None
         if tc == TC_REFERENCE:
             h = self._unpack(">i", "a class descriptor reference") - _BASE_HANDLE
-            if not 0 <= h < len(self.handles) or not isinstance(self.handles[h], JavaClassDesc):
+            desc = self.handles[h] if 0 <= h < len(self.handles) else None
+            if not isinstance(desc, JavaClassDesc):
                 raise self._fail("a reference to an earlier class descriptor")
-            return self.handles[h]
+            return desc
         if tc != TC_CLASSDESC:
             self.pos -= 1
             raise self._fail("a class descriptor (0x72), reference (0x71) or null (0x70)")

@@ -141,8 +141,10 @@ class StreamHandle:
         with open_url(self.location) as f:
             if self.type == SEGMENT:
                 f.seek(self.start_pos)
-                return f.read(self.size)
-            return f.read()
+                segment: bytes = f.read(self.size)
+                return segment
+            data: bytes = f.read()
+            return data
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,7 @@ class FlinkSnapshotMetadata:
 
     def references(self) -> list[FileReference]:
         """Every handle of the snapshot with its role, inline ones included."""
-        cached = self.__dict__.get("_references")
+        cached: list[FileReference] | None = self.__dict__.get("_references")
         if cached is not None:
             return cached
         out: list[FileReference] = []
@@ -447,10 +449,12 @@ class _Reader:
         return v
 
     def i32(self, what: str) -> int:
-        return struct.unpack(">i", self.take(4, what))[0]
+        value: int = struct.unpack(">i", self.take(4, what))[0]
+        return value
 
     def i64(self, what: str) -> int:
-        return struct.unpack(">q", self.take(8, what))[0]
+        value: int = struct.unpack(">q", self.take(8, what))[0]
+        return value
 
     def count(self, what: str, limit: int = 1 << 24) -> int:
         at = self.pos
@@ -626,12 +630,12 @@ def _read_keyed_handle(r: _Reader) -> KeyedStateHandle | None:
     if tag in (10, 13):
         start = r.i32("start key group")
         n = r.count("number of key groups", 1 << 16)
-        files = []
+        files: list[StreamHandle] = []
         for _ in range(r.count("changelog stream handles")):
             r.i64("the changelog offset")
-            h = _read_stream_handle(r)
-            if h is not None:
-                files.append(h)
+            stream = _read_stream_handle(r)
+            if stream is not None:
+                files.append(stream)
         r.i64("the changelog size")
         size = r.i64("the checkpointed size")
         hid = r.utf("the state handle id")

@@ -212,8 +212,8 @@ def _expire_plan(
         for f in catalog.snapshot_files(s.id):
             candidates[f.path] = f.size
     # What an earlier, interrupted expire released (or forgot) but did not delete yet.
-    for f in catalog.releasable_files(job):
-        candidates.setdefault(f.path, f.size)
+    for released in catalog.releasable_files(job):
+        candidates.setdefault(released.path, released.size)
     for location, refs in on_disk.items():
         if location in dead:
             for url, size in refs.items():
@@ -279,7 +279,9 @@ def expire_body(
     )
 
 
-def _expire_stats(plan: ExpirePlan, dry_run: bool, deleted: list[str], nbytes: int) -> dict:
+def _expire_stats(
+    plan: ExpirePlan, dry_run: bool, deleted: list[str], nbytes: int
+) -> dict[str, Any]:
     return {
         "dry_run": dry_run,
         "origin": "flink",
@@ -465,14 +467,18 @@ RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
 }
 
 
-def flink_runner(catalog: Catalog, kind: str, params: dict[str, Any]) -> Callable | None:
+def flink_runner(
+    catalog: Catalog, kind: str, params: dict[str, Any]
+) -> Callable[..., dict[str, Any]] | None:
     """The Flink runner of maintenance ``kind`` if ``params["job"]`` is a Flink job, else None."""
     if kind not in RUNNERS or not is_flink_job(catalog, params.get("job")):
         return None
     return RUNNERS[kind]
 
 
-def run_maintenance(catalog: Catalog, kind: str, settings: Any = None, **params: Any) -> dict:
+def run_maintenance(
+    catalog: Catalog, kind: str, settings: Any = None, **params: Any
+) -> dict[str, Any]:
     """Run ``kind`` on a Flink job; the report's ``deleted`` is also at its top level."""
     runner = RUNNERS[kind]
     report = runner(None, catalog, settings=settings, **params)

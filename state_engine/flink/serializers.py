@@ -84,7 +84,8 @@ class Buf:
         if p + 2 > self.end:
             raise self.fail(f"a short (2 bytes), {self.end - p} left")
         self.pos = p + 2
-        return _I16_FROM(self.data, p)[0]  # type: ignore[no-any-return]
+        value: int = _I16_FROM(self.data, p)[0]
+        return value
 
     def u16(self) -> int:
         return int(self._unpack(_U16, "an unsigned short"))
@@ -94,14 +95,16 @@ class Buf:
         if p + 4 > self.end:
             raise self.fail(f"an int (4 bytes), {self.end - p} left")
         self.pos = p + 4
-        return _I32_FROM(self.data, p)[0]  # type: ignore[no-any-return]
+        value: int = _I32_FROM(self.data, p)[0]
+        return value
 
     def i64(self) -> int:
         p = self.pos
         if p + 8 > self.end:
             raise self.fail(f"a long (8 bytes), {self.end - p} left")
         self.pos = p + 8
-        return _I64_FROM(self.data, p)[0]  # type: ignore[no-any-return]
+        value: int = _I64_FROM(self.data, p)[0]
+        return value
 
     def f32(self) -> float:
         return float(self._unpack(_F32, "a float"))
@@ -156,7 +159,7 @@ class Buf:
             return chunk.decode("ascii")
         # each unit a varint of 1-3 bytes; a local loop, not a method call per byte
         data, end = self.data, self.end
-        units = []
+        units: list[int] = []
         append = units.append
         for _ in range(n):
             if p >= end:

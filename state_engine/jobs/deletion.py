@@ -236,10 +236,16 @@ class FileLease:
                 # the catalog offers no notification, so poll; the stop event never fires here
                 self._stop.wait(max(0.0, min(POLL_S, remaining)))
 
+    @property
+    def held_token(self) -> int:
+        """The fencing token of the held lease (set by ``__enter__``: use the lease in ``with``)."""
+        assert self.token is not None, f"file lease {self.name!r} used outside its with block"
+        return self.token
+
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             try:
-                self.catalog.renew_lease(self.name, self.token, self.ttl)  # type: ignore[arg-type]
+                self.catalog.renew_lease(self.name, self.held_token, self.ttl)
             except (LeaseError, StatekeeperError) as exc:
                 self._lost = exc
                 return
@@ -248,7 +254,7 @@ class FileLease:
         """Raise DeletionLeaseLost if the lease was lost (renewal failed, or its token stale)."""
         if self._lost is None:
             try:
-                self.catalog.check_lease(self.name, self.token)  # type: ignore[arg-type]
+                self.catalog.check_lease(self.name, self.held_token)
                 return
             except LeaseError as exc:
                 self._lost = exc
@@ -305,7 +311,7 @@ def forget_and_delete(
         hooks.call("before_forget", lease.kind, lease.job)
         try:
             out.forgotten += catalog.forget_files(
-                lease.job, batch, lease=lease.name, token=lease.token
+                lease.job, batch, lease=lease.name, token=lease.held_token
             )
         except InvalidCatalogInput:
             live = catalog.live_paths(lease.job)
@@ -315,7 +321,7 @@ def forget_and_delete(
             out.skipped_live.extend(keep)
             batch = [u for u in batch if u not in live]
             out.forgotten += catalog.forget_files(
-                lease.job, batch, lease=lease.name, token=lease.token
+                lease.job, batch, lease=lease.name, token=lease.held_token
             )
         forgotten.extend(batch)
         crash_point("deletion.after_forget")

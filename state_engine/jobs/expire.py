@@ -132,15 +132,17 @@ def plan_expiry(
             by_name.setdefault(posixpath.basename(s.location.rstrip("/")), s)
             by_name.setdefault(s.location.rstrip("/"), s)
     for name in savepoints:
-        snap = by_name.get(name.rstrip("/"))
-        if snap is None:
+        savepoint = by_name.get(name.rstrip("/"))
+        if savepoint is None:
             raise NoSuchSnapshot(
                 f"job {job!r} has no savepoint {name!r} (give a savepoint's snapshot id or "
                 f"directory name); nothing was deleted: list them with `statectl snapshots {job}`"
             )
-        if snap.status not in (SnapshotStatus.COMPLETED, SnapshotStatus.FAILED) or snap in selected:
+        if savepoint.status not in (SnapshotStatus.COMPLETED, SnapshotStatus.FAILED) or (
+            savepoint in selected
+        ):
             continue  # already expired (a retry): nothing more to do for it
-        selected.append(snap)
+        selected.append(savepoint)
     expired_ids = {s.id for s in selected}
     kept = [s for s in completed if s.id not in expired_ids]
     return ExpiryPlan(selected, kept, cutoff)

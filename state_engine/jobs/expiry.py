@@ -55,4 +55,5 @@ def expired_mask(batch: pa.RecordBatch, thresholds: Thresholds) -> np.ndarray:
     expires = batch.column("expires_at")
     has_expiry = is_valid(expires)
     values = int_values(expires)  # nulls read as 0, masked by has_expiry
-    return has_expiry & (idx_np >= 0) & (values <= limits[idx_np])
+    mask: np.ndarray = has_expiry & (idx_np >= 0) & (values <= limits[idx_np])
+    return mask

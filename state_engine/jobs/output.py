@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import KeyGroupStatRow, SnapshotRecord
+from state_engine.checkpoint.canonical import DEFAULT_ROW_GROUP_BYTES, DEFAULT_TARGET_FILE_BYTES
 from state_engine.checkpoint.commit import PendingCommit, abandon, reserve
 from state_engine.checkpoint.metadata import (
     FileKind,
@@ -80,13 +81,19 @@ class OutputSnapshot:
     def kind(self) -> SnapshotKind:
         return self.pending.kind
 
-    def target(self, **sizing: int) -> TargetSpec:
-        """Where Spark tasks write the output's canonical files (``sizing``: file sizes)."""
+    def target(
+        self,
+        *,
+        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+        target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+    ) -> TargetSpec:
+        """Where Spark tasks write the output's canonical files, of these sizes."""
         return TargetSpec(
             url=self.snapshot.url,
             max_parallelism=self.record.max_parallelism,
             allow_shared=self.snapshot.allow_shared,
-            **sizing,
+            row_group_bytes=row_group_bytes,
+            target_file_bytes=target_file_bytes,
         )
 
     def recovered_result(self, stats: dict[str, Any]) -> JobResult:

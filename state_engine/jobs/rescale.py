@@ -529,7 +529,7 @@ def rebucket(
             for (_, wr), (written, _, _) in zip(enumerate(read_ranges), spilled, strict=True):
                 for d, rels in written.items():
                     by_dest.setdefault((wr.operator, d), []).extend(rels)
-            jobs = []
+            jobs: list[tuple[WriteRange, list[str]]] = []
             for op in operators:
                 mine = [r for r in write_ranges if r.operator == op]
                 jobs.extend((wr, by_dest.get((op, d), [])) for d, wr in enumerate(mine))

@@ -180,7 +180,7 @@ def maintenance_job(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
             )
             return report
 
-        run.kind = kind  # type: ignore[attr-defined]
+        run.kind = kind  # type: ignore[attr-defined]  # tags the job function with its kind
         return run
 
     return wrap

@@ -226,6 +226,6 @@ def build_spark(
         settings, master=master, data_bytes=data_bytes, ui=ui, extra=extra, name=name
     ).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    session: SparkSession = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session

@@ -141,7 +141,7 @@ class RemoteCapture(Capture):
     def __init__(self, pool: _Workers, key: tuple[int, str, int], info: CaptureInfo) -> None:
         self.operator_uid = key[1]
         self.subtask_index = key[2]
-        self.backend = None  # type: ignore[assignment]
+        self.backend = None  # type: ignore[assignment]  # no local backend: the worker holds it
         self.key_group_range = info.key_group_range
         self.max_parallelism = info.max_parallelism
         self.key_serializer = info.key_serializer
@@ -195,12 +195,15 @@ class _RemoteSubtask:
         sync = self.pool.sync_phase(barrier)[self.index]
         return SubtaskState(
             subtask_index=self.index,
+            # RemoteBackend and _RemoteOperatorState stand in for the worker's backends (duck
+            # typing: the manager finds RemoteBackend's remote_capture, and reads only
+            # snapshot_rows/state_meta of operator state); SubtaskState's field types do not say so
             keyed={
-                uid: RemoteBackend(self.pool, barrier, uid, self.index, info)
+                uid: RemoteBackend(self.pool, barrier, uid, self.index, info)  # type: ignore[misc]  # duck-typed
                 for uid, info in sync.keyed.items()
             },
             operator={
-                uid: _RemoteOperatorState(rows, metas)  # type: ignore[misc]
+                uid: _RemoteOperatorState(rows, metas)  # type: ignore[misc]  # duck-typed
                 for uid, (rows, metas) in sync.operator.items()
             },
         )
@@ -403,11 +406,13 @@ class _Workers:
 
 
 def _error(payload: bytes, w: int) -> BaseException:
-    exc, text = pickle.loads(payload)
+    exc: BaseException | None
+    text: str
+    exc, text = pickle.loads(payload)  # the worker pickled (its exception or None, traceback)
     if exc is None:
         return JobError(f"worker process {w} failed:\n{text}")
     exc.add_note(f"raised in worker process {w}:\n{text}")
-    return exc  # type: ignore[no-any-return]
+    return exc
 
 
 def _exit(code: int | None) -> str:

@@ -451,6 +451,7 @@ def test_take_savepoint_from_the_job_page_runs_the_dag_and_the_savepoint_appears
     assert finished["state"] == "success"
     with Catalog.open(api_server.airflow.env["STATEKEEPER_CATALOG_URL"]) as cat:
         [catalog_run] = cat.list_runs(job="clicks", kind="savepoint")
+        assert catalog_run.output_snapshot_id is not None
         savepoint = cat.get_snapshot(catalog_run.output_snapshot_id)
     assert (catalog_run.status, catalog_run.dag_id, catalog_run.airflow_run_id) == (
         "SUCCEEDED",

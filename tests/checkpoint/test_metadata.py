@@ -100,7 +100,8 @@ def test_metadata_refuses_to_commit_over_missing_files(
 
 
 def _meta_for(files, kind=SnapshotKind.CHECKPOINT) -> SnapshotMetadata:
-    from state_engine.checkpoint.metadata import OperatorSnapshot, SnapshotFormat, SubtaskSnapshot
+    from state_engine.checkpoint.metadata import OperatorSnapshot, SubtaskSnapshot
+    from state_engine.snapshot_enums import SnapshotFormat
 
     return SnapshotMetadata(
         job="job",

@@ -57,13 +57,13 @@ def _same(data: bytes, offsets: list[int], max_p: int) -> list[str]:
         slow.append(args[2].name)
         return original(*args)
 
-    columnar._slow_state = spy  # type: ignore[assignment]
+    columnar._slow_state = spy  # type: ignore[assignment]  # a spy in its place, restored below
     try:
         got = _by_state(
             e for c in canonical_columns(data, offsets, max_p, "t") for e in c.entries()
         )
     finally:
-        columnar._slow_state = original  # type: ignore[assignment]
+        columnar._slow_state = original  # type: ignore[assignment]  # as it was
     assert got == _by_state(canonical_entries(data, offsets, max_p, "t"))
     return slow
 
@@ -243,10 +243,12 @@ def test_columns_are_arrow_tables_of_typed_columns(java_header: bytes) -> None:
     ids = _ids(java_header)
     runs = _java_records(ids, ["a", "bb", "ccc"], ["amazon", "café", "京东"])
     data, offsets = _stream(java_header, runs)
-    tables = {c.state.name: c.table for c in canonical_columns(data, offsets, 128, "t")}
+    tables: dict[str, pa.Table] = {}
+    for c in canonical_columns(data, offsets, 128, "t"):
+        assert c.table is not None
+        tables[c.state.name] = c.table
     assert set(tables) == {"total", "lastSeen", "merchants", "recent"}
     for table in tables.values():
-        assert table is not None
         assert table.column_names == list(columnar.COLUMNS)
         assert table.schema.field("key").type == pa.string()
         assert table.schema.field("key_group").type == pa.int32()

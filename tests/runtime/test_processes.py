@@ -111,6 +111,7 @@ def test_a_paused_and_continued_run_in_processes_equals_one_run() -> None:
 def test_a_killed_run_in_processes_commits_nothing_and_holds_no_state() -> None:
     out = CollectedOutput()
     runner = JobRunner(proof_job(2, None, out, "processes"))
+    assert isinstance(runner, ProcessJobRunner)
     result = runner.run_until(records=300)
     assert result.killed and result.records_in == 300 and result.records_out > 0
     assert out.records == []

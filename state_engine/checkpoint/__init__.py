@@ -5,54 +5,117 @@ files through :class:`CheckpointStorage` / :class:`SnapshotDir`, describe them i
 :class:`SnapshotMetadata` and commit it last with :func:`write_metadata`.
 :class:`CheckpointManager` runs them in two phases for a job's subtasks, registers every snapshot
 in the catalog and restores any completed one at any parallelism.
+
+Nothing is imported here: each name below loads its module on first use, so importing one module
+of the package (``checkpoint.storage`` on a Spark executor) loads neither the manager nor the
+catalog, and backend packages use the formats without an import cycle through this package.
 """
 
-from state_engine.checkpoint.canonical import (
-    KEYED_SCHEMA,
-    OPERATOR_SCHEMA,
-    CanonicalWriter,
-    KeyGroupStats,
-    OperatorStateEntry,
-    StateEntry,
-    WrittenFiles,
-    read_entries,
-    read_key_groups,
-    read_operator_state,
-    write_operator_state,
-)
-from state_engine.checkpoint.delta import DELTA_SCHEMA, DeltaEntry, DeltaWriter, fold, read_folded
-from state_engine.checkpoint.manager import CheckpointManager, PendingSnapshot, SnapshotStats
-from state_engine.checkpoint.metadata import (
-    FORMAT_VERSION,
-    FileKind,
-    KeyGroupRun,
-    OperatorSnapshot,
-    SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
-    SnapshotMetadata,
-    SubtaskSnapshot,
-    read_metadata,
-    verify,
-    write_metadata,
-)
-from state_engine.checkpoint.registry import SharedStateRegistry
-from state_engine.checkpoint.state import (
-    HeapBackendFactory,
-    RestoredState,
-    RestoreMode,
-    RocksDBBackendFactory,
-    StateBackendFactory,
-    SubtaskState,
-)
-from state_engine.checkpoint.storage import (
-    CheckpointStorage,
-    FileInfo,
-    ReadStats,
-    SnapshotDir,
-    StoredFile,
-    validate_job_name,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from state_engine.backends.heap import HeapBackendFactory
+    from state_engine.backends.rocksdb import RocksDBBackendFactory
+    from state_engine.checkpoint.canonical import (
+        KEYED_SCHEMA,
+        OPERATOR_SCHEMA,
+        CanonicalWriter,
+        KeyGroupStats,
+        OperatorStateEntry,
+        StateEntry,
+        WrittenFiles,
+        read_entries,
+        read_key_groups,
+        read_operator_state,
+        write_operator_state,
+    )
+    from state_engine.checkpoint.delta import (
+        DELTA_SCHEMA,
+        DeltaEntry,
+        DeltaWriter,
+        fold,
+        read_folded,
+    )
+    from state_engine.checkpoint.manager import CheckpointManager, PendingSnapshot, SnapshotStats
+    from state_engine.checkpoint.metadata import (
+        FORMAT_VERSION,
+        FileKind,
+        KeyGroupRun,
+        OperatorSnapshot,
+        SnapshotFile,
+        SnapshotFormat,
+        SnapshotKind,
+        SnapshotMetadata,
+        SubtaskSnapshot,
+        read_metadata,
+        verify,
+        write_metadata,
+    )
+    from state_engine.checkpoint.registry import SharedStateRegistry
+    from state_engine.checkpoint.state import (
+        RestoredState,
+        RestoreMode,
+        StateBackendFactory,
+        SubtaskState,
+    )
+    from state_engine.checkpoint.storage import (
+        CheckpointStorage,
+        FileInfo,
+        ReadStats,
+        SnapshotDir,
+        StoredFile,
+        validate_job_name,
+    )
+
+_WHERE = {
+    "CanonicalWriter": "state_engine.checkpoint.canonical",
+    "CheckpointManager": "state_engine.checkpoint.manager",
+    "CheckpointStorage": "state_engine.checkpoint.storage",
+    "DELTA_SCHEMA": "state_engine.checkpoint.delta",
+    "DeltaEntry": "state_engine.checkpoint.delta",
+    "DeltaWriter": "state_engine.checkpoint.delta",
+    "FORMAT_VERSION": "state_engine.checkpoint.metadata",
+    "FileInfo": "state_engine.checkpoint.storage",
+    "FileKind": "state_engine.checkpoint.metadata",
+    "HeapBackendFactory": "state_engine.backends.heap",
+    "KEYED_SCHEMA": "state_engine.checkpoint.canonical",
+    "KeyGroupRun": "state_engine.checkpoint.metadata",
+    "KeyGroupStats": "state_engine.checkpoint.canonical",
+    "OPERATOR_SCHEMA": "state_engine.checkpoint.canonical",
+    "OperatorSnapshot": "state_engine.checkpoint.metadata",
+    "OperatorStateEntry": "state_engine.checkpoint.canonical",
+    "PendingSnapshot": "state_engine.checkpoint.manager",
+    "ReadStats": "state_engine.checkpoint.storage",
+    "RestoreMode": "state_engine.checkpoint.state",
+    "RestoredState": "state_engine.checkpoint.state",
+    "RocksDBBackendFactory": "state_engine.backends.rocksdb",
+    "SharedStateRegistry": "state_engine.checkpoint.registry",
+    "SnapshotDir": "state_engine.checkpoint.storage",
+    "SnapshotFile": "state_engine.checkpoint.metadata",
+    "SnapshotFormat": "state_engine.checkpoint.metadata",
+    "SnapshotKind": "state_engine.checkpoint.metadata",
+    "SnapshotMetadata": "state_engine.checkpoint.metadata",
+    "SnapshotStats": "state_engine.checkpoint.manager",
+    "StateBackendFactory": "state_engine.checkpoint.state",
+    "StateEntry": "state_engine.checkpoint.canonical",
+    "StoredFile": "state_engine.checkpoint.storage",
+    "SubtaskSnapshot": "state_engine.checkpoint.metadata",
+    "SubtaskState": "state_engine.checkpoint.state",
+    "WrittenFiles": "state_engine.checkpoint.canonical",
+    "fold": "state_engine.checkpoint.delta",
+    "read_entries": "state_engine.checkpoint.canonical",
+    "read_folded": "state_engine.checkpoint.delta",
+    "read_key_groups": "state_engine.checkpoint.canonical",
+    "read_metadata": "state_engine.checkpoint.metadata",
+    "read_operator_state": "state_engine.checkpoint.canonical",
+    "validate_job_name": "state_engine.checkpoint.storage",
+    "verify": "state_engine.checkpoint.metadata",
+    "write_metadata": "state_engine.checkpoint.metadata",
+    "write_operator_state": "state_engine.checkpoint.canonical",
+}
 
 __all__ = [
     "DELTA_SCHEMA",
@@ -100,3 +163,12 @@ __all__ = [
     "write_metadata",
     "write_operator_state",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -24,7 +24,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.base import SnapshotStrategy
 from state_engine.catalog.records import FileRef, KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
 from state_engine.checkpoint.canonical import (
@@ -44,11 +44,14 @@ from state_engine.checkpoint.metadata import (
     write_metadata,
 )
 from state_engine.checkpoint.registry import SharedStateRegistry
+from state_engine.checkpoint.restore import restore_snapshot
 from state_engine.checkpoint.state import (
+    OPERATOR_STATE_PREFIX,
     RestoredState,
     RestoreMode,
     StateBackendFactory,
     SubtaskState,
+    operator_state_key,
 )
 from state_engine.checkpoint.storage import (
     CheckpointStorage,
@@ -57,12 +60,10 @@ from state_engine.checkpoint.storage import (
     remove_empty_dirs,
 )
 from state_engine.checkpoint.strategies import (
-    CanonicalSnapshotStrategy,
+    CANONICAL,
     Capture,
-    NativeSnapshotStrategy,
     SubtaskResult,
     WriteContext,
-    is_native,
 )
 from state_engine.errors import (
     CheckpointError,
@@ -78,13 +79,7 @@ from state_engine.keygroups import compute_key_group_range_for_operator_index
 
 FORMATS = ("canonical", "native", "delta")
 KINDS = ("CHECKPOINT", "SAVEPOINT")
-OPERATOR_STATE_PREFIX = "@operator/"
 FILE_LEASE_TTL_S = 120.0
-
-
-def operator_state_key(name: str) -> str:
-    """Where an operator state's meta sits in ``OperatorSnapshot.states`` (keyed states: name)."""
-    return OPERATOR_STATE_PREFIX + name
 
 
 def file_lease_name(job: str) -> str:
@@ -112,7 +107,7 @@ class _Job:
     kind: SnapshotKind
     format: SnapshotFormat
     parallelism: int
-    captures: list[Capture]
+    captures: list[Capture[Any]]
     operator_rows: dict[str, dict[int, tuple[list[Any], dict[str, dict[str, Any]]]]]
     incremental: bool
     parent: SnapshotRecord | None
@@ -230,9 +225,8 @@ class CheckpointManager:
         self._force_full = False
         self._registered_states: dict[tuple[str, str], Any] = {}
         self._closed = False
-        # heap delta chains, per (operator uid, subtask): see delta.py
-        self._chains: dict[tuple[str, int], Any] = {}
-        self._to_confirm: list[Any] = []
+        # what completed checkpoints' strategies do on the task thread (checkpoint id, hook)
+        self._to_confirm: list[tuple[int, Callable[[], None]]] = []
         self._in_flight: dict[int, _Job] = {}
 
     # --- snapshots ---
@@ -251,8 +245,7 @@ class CheckpointManager:
         kind_ = self._check_kind(kind, savepoint_dir)
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
-        if fmt is SnapshotFormat.DELTA:
-            self._check_tracking(subtasks)
+        strategies = self._strategies(subtasks, fmt)
         self.notify_checkpoint_complete()
         incremental = (
             kind_ is SnapshotKind.CHECKPOINT
@@ -270,14 +263,14 @@ class CheckpointManager:
             cancelled=threading.Event(),
             registry=self.registry,
             row_group_bytes=self.row_group_bytes,
+            full_every=self.full_every,
         )
-        captures: list[Capture] = []
+        captures: list[Capture[Any]] = []
         try:
             for st in subtasks:
                 for uid in sorted(st.keyed):
-                    captures.append(
-                        self._capture(fmt, uid, st.subtask_index, st.keyed[uid], record, ctx)
-                    )
+                    strategy = strategies[(st.subtask_index, uid)]
+                    captures.append(strategy.capture(uid, st.subtask_index, st.keyed[uid], ctx))
             operator_rows = {
                 uid: {
                     st.subtask_index: (
@@ -391,18 +384,23 @@ class CheckpointManager:
         self.parallelism = p
         return p
 
-    def _check_tracking(self, subtasks: Sequence[SubtaskState]) -> None:
-        # Without change tracking every "delta" would be a full base recorded as DELTA: a silent
-        # full checkpoint each time. Refused before a snapshot is reserved, so nothing is written.
+    def _strategies(
+        self, subtasks: Sequence[SubtaskState], fmt: SnapshotFormat
+    ) -> dict[tuple[int, str], SnapshotStrategy]:
+        """Each backend's strategy for ``fmt`` (its own, or canonical). Asked before a snapshot
+        is reserved, so a backend that refuses the format leaves nothing written."""
+        out: dict[tuple[int, str], SnapshotStrategy] = {}
         for st in subtasks:
             for uid, b in st.keyed.items():
-                if not is_native(b) and not getattr(b, "track_changes", False):
+                try:
+                    strategy = b.snapshot_strategy(fmt)
+                except InvalidSnapshotRequest as exc:
                     raise InvalidSnapshotRequest(
-                        f"delta checkpoints of job {self.job!r} need change tracking, but the "
-                        f"heap backend of operator {uid!r}, subtask {st.subtask_index} has none: "
-                        "create it with HeapBackendFactory(track_changes=True) (the JobRunner "
-                        "does so for checkpoint_format='delta'), or use format 'canonical'"
-                    )
+                        f"{str(fmt).lower()} snapshot of job {self.job!r}, operator {uid!r}, "
+                        f"subtask {st.subtask_index}: {exc}"
+                    ) from exc
+                out[(st.subtask_index, uid)] = strategy if strategy is not None else CANONICAL
+        return out
 
     def _begin(
         self,
@@ -444,24 +442,6 @@ class CheckpointManager:
         raise InvalidSnapshotRequest(
             f"could not reserve a checkpoint id for job {self.job!r}: others keep taking them"
         )
-
-    def _capture(
-        self,
-        fmt: SnapshotFormat,
-        uid: str,
-        index: int,
-        backend: KeyedStateBackend,
-        record: SnapshotRecord,
-        ctx: WriteContext,
-    ) -> Capture:
-        if fmt is SnapshotFormat.NATIVE and is_native(backend):
-            return NativeSnapshotStrategy(record.checkpoint_id).capture(uid, index, backend)
-        if fmt is SnapshotFormat.DELTA and not is_native(backend):
-            from state_engine.checkpoint.heap_delta import DeltaSnapshotStrategy
-
-            strategy = DeltaSnapshotStrategy(self, record.checkpoint_id, ctx.incremental)
-            return strategy.capture(uid, index, backend)
-        return CanonicalSnapshotStrategy().capture(uid, index, backend)
 
     # --- asynchronous phase ---
 
@@ -736,8 +716,8 @@ class CheckpointManager:
             self._owned[record.id] = record
             self.registry.register(meta.files)
             for r in results:
-                if r.chain is not None:
-                    self._to_confirm.append((record.checkpoint_id, r))
+                if r.on_complete is not None:
+                    self._to_confirm.append((record.checkpoint_id, r.on_complete))
         self._subsume()
         self.collect_garbage()
 
@@ -820,10 +800,11 @@ class CheckpointManager:
         with contextlib.suppress(Exception):
             self.collect_garbage()
 
-    # --- heap delta confirmation ---
+    # --- completion on the task thread ---
 
     def notify_checkpoint_complete(self, checkpoint_id: int | None = None) -> None:
-        """Confirm the heap delta views of completed checkpoints (up to ``checkpoint_id``).
+        """Tell the strategies of completed checkpoints (up to ``checkpoint_id``) so: the heap
+        delta strategy confirms its view and continues its chain from the new files.
 
         Call it from the task thread (the thread that writes state); ``trigger`` calls it too,
         so a runtime that never calls it still gets correct deltas.
@@ -835,10 +816,8 @@ class CheckpointManager:
                 if checkpoint_id is None or cid <= checkpoint_id
             ]
             self._to_confirm = [x for x in self._to_confirm if x not in ready]
-        for _cid, r in ready:
-            from state_engine.checkpoint.heap_delta import confirm
-
-            confirm(self, r)
+        for _cid, on_complete in ready:
+            on_complete()
 
     # --- restore ---
 
@@ -861,8 +840,6 @@ class CheckpointManager:
         ``subtask_indexes``: restore only these subtasks of the new parallelism (default: all);
         ``RestoredState.subtasks`` then holds just those, in the given order.
         """
-        from state_engine.checkpoint.restore import restore_snapshot
-
         restored, files = restore_snapshot(
             self,
             snapshot,
@@ -874,7 +851,6 @@ class CheckpointManager:
         )
         self.parallelism = parallelism
         with self._lock:
-            self._chains.clear()
             self._to_confirm.clear()
             if mode is RestoreMode.CLAIM:
                 rec = restored.snapshot

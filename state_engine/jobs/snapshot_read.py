@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from state_engine.backends.rocksdb.snapshot import local_name_of
 from state_engine.checkpoint.canonical import (
     KEYED_SCHEMA,
     arrow_array,
@@ -39,7 +40,6 @@ from state_engine.checkpoint.metadata import (
     SnapshotMetadata,
 )
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
-from state_engine.checkpoint.strategies import local_name_of
 from state_engine.errors import CorruptMetadata
 from state_engine.keygroups import KeyGroupRange
 

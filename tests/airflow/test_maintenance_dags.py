@@ -21,10 +21,11 @@ from jobdata import make_snapshot  # noqa: E402
 from statekeeper_airflow.maintenance_plan import delta_chain  # noqa: E402
 from statekeeper_airflow.operators import stable_run_id  # noqa: E402
 
+from state_engine.backends.heap import HeapBackendFactory  # noqa: E402
 from state_engine.backends.operator_state import OperatorStateBackend  # noqa: E402
 from state_engine.catalog import Catalog  # noqa: E402
 from state_engine.checkpoint.manager import CheckpointManager  # noqa: E402
-from state_engine.checkpoint.state import HeapBackendFactory, SubtaskState  # noqa: E402
+from state_engine.checkpoint.state import SubtaskState  # noqa: E402
 from state_engine.checkpoint.storage import CheckpointStorage  # noqa: E402
 from state_engine.keygroups import (  # noqa: E402
     assign_to_key_group,

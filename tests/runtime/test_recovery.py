@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
-from state_engine.checkpoint.state import HeapBackendFactory, RocksDBBackendFactory
+from state_engine.backends.heap import HeapBackendFactory
+from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.runtime import (
     CollectedOutput,
     CollectSink,

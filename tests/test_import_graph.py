@@ -2,9 +2,11 @@
 
 The graph is built from the source with ``ast``: every ``import`` and ``from ... import``, also
 those inside functions (a cycle hidden in a function is still a cycle in the design); only
-``if TYPE_CHECKING:`` blocks are skipped, since they never run. Importing ``a.b.c`` also runs the
-``__init__`` of ``a`` and ``a.b``, so those packages count as imported too (except the importer's
-own packages, which are already running when it is imported).
+``if TYPE_CHECKING:`` blocks are skipped, since they never run, and so is a package's lazy
+re-export hook (a module-level ``__getattr__`` in an ``__init__.py``, PEP 562: it runs on attribute
+access, after every import finished). Importing ``a.b.c`` also runs the ``__init__`` of ``a`` and
+``a.b``, so those packages count as imported too (except the importer's own packages, which are
+already running when it is imported).
 """
 
 from __future__ import annotations
@@ -32,13 +34,20 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.Module, is_package: bool = False) -> list[ast.Import | ast.ImportFrom]:
     found: list[ast.Import | ast.ImportFrom] = []
+    lazy_hooks = {
+        id(node)
+        for node in tree.body
+        if is_package and isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+    }
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
             for child in node.orelse:
                 visit(child)
+            return
+        if id(node) in lazy_hooks:
             return
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
@@ -74,7 +83,7 @@ def import_graph() -> dict[str, set[str]]:
     for module, path in known.items():
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path)), is_package):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -120,10 +129,33 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_graph_sees_imports_inside_functions_and_skips_type_checking() -> None:
+    source = """
+from typing import TYPE_CHECKING
+import a
+if TYPE_CHECKING:
+    import hidden
+else:
+    import b
+def f():
+    from c import x
+def __getattr__(name):
+    import lazy
+"""
+    names = {
+        n.module if isinstance(n, ast.ImportFrom) else n.names[0].name
+        for n in _imports(ast.parse(source))
+    }
+    assert names == {"typing", "a", "b", "c", "lazy"}
+    package = {
+        n.module if isinstance(n, ast.ImportFrom) else n.names[0].name
+        for n in _imports(ast.parse(source), is_package=True)
+    }
+    assert package == {"typing", "a", "b", "c"}
     graph = import_graph()
-    assert len(graph) > 50
-    # a sanity check of the parser on a module known to import both ways
     assert "state_engine.errors" in graph["state_engine.faults"]
+    # a submodule import runs its package's __init__ too, but not the importer's own packages
+    assert "state_engine.checkpoint" in graph["state_engine.backends.heap.snapshot"]
+    assert "state_engine.checkpoint" not in graph["state_engine.checkpoint.manager"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 

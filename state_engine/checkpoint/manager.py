@@ -519,7 +519,7 @@ class CheckpointManager:
         return got
 
     @staticmethod
-    def _release(captures: Sequence[Capture]) -> None:
+    def _release(captures: Sequence[Capture[Any]]) -> None:
         for c in captures:
             with contextlib.suppress(Exception):
                 c.release()

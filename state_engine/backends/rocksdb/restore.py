@@ -21,14 +21,14 @@ from typing import Any, Protocol, runtime_checkable
 from state_engine.backends.base import KeyedStateBackend
 from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from state_engine.backends.rocksdb.snapshot import local_name_of
-from state_engine.checkpoint.metadata import (
-    METADATA_FILE,
-    FileKind,
-    SnapshotMetadata,
-    SubtaskSnapshot,
-)
+from state_engine.checkpoint.metadata import FileKind, SnapshotMetadata, SubtaskSnapshot
 from state_engine.checkpoint.registry import SharedStateRegistry
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir, format_checksum
+from state_engine.checkpoint.storage import (
+    METADATA_FILE,
+    ReadStats,
+    SnapshotDir,
+    format_checksum,
+)
 from state_engine.checkpoint.strategies import SHARED_PREFIX
 from state_engine.errors import ChecksumMismatch
 from state_engine.keygroups import KeyGroupRange

@@ -9,6 +9,7 @@ checkpoint. Savepoints copy every file into their own directory (self-contained)
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import uuid
@@ -131,7 +132,7 @@ class NativeCapture(Capture[SubtaskResult]):
             if name.endswith(".sst"):
                 if ctx.incremental and not ctx.savepoint:
                     checksum = ctx.registry.local_checksum(
-                        self.db_id, name, size, lambda s=source: file_checksum(s)
+                        self.db_id, name, size, functools.partial(file_checksum, source)
                     )
                     path = SHARED_PREFIX + shared_sst_name(name, size, checksum)
                     known = ctx.registry.lookup(path)

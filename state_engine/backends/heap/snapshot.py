@@ -61,6 +61,8 @@ class DeltaCapture(Capture[WrittenFiles]):
     ) -> None:
         super().__init__(operator_uid, subtask_index, backend)
         self.view = view
+        # read now: in a forked snapshot the view is released before the result is built
+        self.view_id = view.view_id
         self.chain = chain  # None: this checkpoint writes a new base
         self.strategy = strategy
         self.states = {n: m.to_dict() for n, m in view.states.items()}
@@ -107,7 +109,7 @@ class DeltaCapture(Capture[WrittenFiles]):
             written.key_group_stats,
             written.bytes,
             files_reused=len(new.files) - len(written.files),
-            on_complete=functools.partial(self.strategy.confirm, new, self.view.view_id),
+            on_complete=functools.partial(self.strategy.confirm, new, self.view_id),
         )
 
     def release(self) -> None:

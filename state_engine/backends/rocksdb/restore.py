@@ -4,22 +4,24 @@ or read its rows aside.
 With a RocksDB factory the restore opens the DB of the old subtask that overlaps a new subtask
 most and cuts the foreign key groups out with ``delete_range``, as Flink does
 (:meth:`RocksDBBackendFactory.restore_native`); every other overlapping DB is opened aside in a
-scratch directory and its rows of the range inserted into the new backend (:func:`insert_rows`),
-which also works for a heap backend (the bridge).
+scratch directory (:func:`opened_aside`) and its rows of the range inserted into the new backend
+(:func:`insert_rows`), which also works for a heap backend (the bridge); Spark tasks read native
+snapshots through :func:`opened_aside` too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from state_engine.backends.base import KeyedStateBackend
-from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
+from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend, RocksDBStateView
 from state_engine.backends.rocksdb.snapshot import local_name_of
 from state_engine.checkpoint.metadata import FileKind, SnapshotMetadata, SubtaskSnapshot
 from state_engine.checkpoint.registry import SharedStateRegistry
@@ -48,8 +50,9 @@ class NativeSource:
     subtask: SubtaskSnapshot
     stats: ReadStats
     #: learns the checksums of the shared SSTs downloaded, so the next incremental checkpoint
-    #: of the restored DB references them instead of reading them again
-    registry: SharedStateRegistry
+    #: of the restored DB references them instead of reading them again (None: no checkpoints
+    #: follow, e.g. a Spark task reading the rows)
+    registry: SharedStateRegistry | None = None
 
     def download(self, db: Path) -> None:
         """Copy the subtask's files into the empty directory ``db``, checking every checksum."""
@@ -72,7 +75,11 @@ class NativeSource:
                     f"{METADATA_FILE} recorded {f.checksum}; its content is corrupt: restore "
                     "from another snapshot"
                 )
-            if f.kind is FileKind.NATIVE_SST and p.startswith(SHARED_PREFIX):
+            if (
+                self.registry is not None
+                and f.kind is FileKind.NATIVE_SST
+                and p.startswith(SHARED_PREFIX)
+            ):
                 self.registry.remember_checksum(str(db), name, f.size, f.checksum)
 
     @property
@@ -125,15 +132,13 @@ def open_in_place(
     return backend
 
 
-def insert_rows(
-    source: NativeSource,
-    key_groups: KeyGroupRange,
-    target: KeyedStateBackend,
-    key_serializer: TypeSerializer,
-) -> None:
-    """Open ``source``'s DB in a scratch directory and insert its rows of ``key_groups`` into
-    ``target`` (any backend)."""
-    scratch = Path(tempfile.mkdtemp(prefix="sk-restore-"))
+@contextlib.contextmanager
+def opened_aside(
+    source: NativeSource, key_serializer: TypeSerializer, scratch_root: str | Path | None = None
+) -> Iterator[RocksDBStateView]:
+    """A view of ``source``'s DB, downloaded into a scratch directory (never opened in place:
+    RocksDB writes LOCK and LOG files next to its data) and removed afterwards."""
+    scratch = Path(tempfile.mkdtemp(prefix="sk-restore-", dir=scratch_root))
     try:
         (scratch / "db").mkdir()
         source.download(scratch / "db")
@@ -142,8 +147,19 @@ def insert_rows(
         )
         try:
             with aside.snapshot_view() as view:
-                target.restore_entries(view.iter_entries(key_groups), dict(view.states))
+                yield view
         finally:
             aside.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def insert_rows(
+    source: NativeSource,
+    key_groups: KeyGroupRange,
+    target: KeyedStateBackend,
+    key_serializer: TypeSerializer,
+) -> None:
+    """Insert ``source``'s rows of ``key_groups`` into ``target`` (any backend)."""
+    with opened_aside(source, key_serializer) as view:
+        target.restore_entries(view.iter_entries(key_groups), dict(view.states))

@@ -53,7 +53,8 @@ __all__ = [
 
 
 class SnapshotStrategy(Protocol):
-    """How one backend's keyed state becomes snapshot files (Flink's ``SnapshotStrategy``).
+    """How one backend's keyed state becomes snapshot files (Flink's ``SnapshotStrategy``); each
+    strategy object belongs to one backend.
 
     :meth:`capture` runs on the task thread at the barrier and only fixes a consistent view; the
     returned capture's ``write_files`` then writes the files asynchronously (checkpoint thread or
@@ -65,9 +66,8 @@ class SnapshotStrategy(Protocol):
     def format(self) -> SnapshotFormat:
         """The format its files are recorded as in ``_metadata``."""
 
-    def capture(
-        self, operator_uid: str, subtask_index: int, backend: KeyedStateBackend, ctx: WriteContext
-    ) -> Capture[Any]: ...
+    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> Capture[Any]:
+        """Fix the view of the strategy's backend (task thread, short)."""
 
 
 class ChangedKey(NamedTuple):

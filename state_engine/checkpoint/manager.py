@@ -60,7 +60,7 @@ from state_engine.checkpoint.storage import (
     remove_empty_dirs,
 )
 from state_engine.checkpoint.strategies import (
-    CANONICAL,
+    CanonicalSnapshotStrategy,
     Capture,
     SubtaskResult,
     WriteContext,
@@ -270,7 +270,7 @@ class CheckpointManager:
             for st in subtasks:
                 for uid in sorted(st.keyed):
                     strategy = strategies[(st.subtask_index, uid)]
-                    captures.append(strategy.capture(uid, st.subtask_index, st.keyed[uid], ctx))
+                    captures.append(strategy.capture(uid, st.subtask_index, ctx))
             operator_rows = {
                 uid: {
                     st.subtask_index: (
@@ -399,7 +399,9 @@ class CheckpointManager:
                         f"{str(fmt).lower()} snapshot of job {self.job!r}, operator {uid!r}, "
                         f"subtask {st.subtask_index}: {exc}"
                     ) from exc
-                out[(st.subtask_index, uid)] = strategy if strategy is not None else CANONICAL
+                if strategy is None:
+                    strategy = CanonicalSnapshotStrategy(b)
+                out[(st.subtask_index, uid)] = strategy
         return out
 
     def _begin(

@@ -192,10 +192,9 @@ class CanonicalSnapshotStrategy:
 
     format = SnapshotFormat.CANONICAL
 
-    def capture(
-        self, operator_uid: str, subtask_index: int, backend: KeyedStateBackend, ctx: WriteContext
-    ) -> CanonicalCapture:
-        return CanonicalCapture(operator_uid, subtask_index, backend, backend.snapshot_view())
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self.backend = backend
 
-
-CANONICAL = CanonicalSnapshotStrategy()
+    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> CanonicalCapture:
+        view = self.backend.snapshot_view()
+        return CanonicalCapture(operator_uid, subtask_index, self.backend, view)

@@ -29,11 +29,9 @@ from state_engine.checkpoint.strategies import (
     SubtaskResult,
     WriteContext,
 )
-from state_engine.errors import InvalidSnapshotRequest
 from state_engine.faults import crash_point
 
 if TYPE_CHECKING:
-    from state_engine.backends.base import KeyedStateBackend
     from state_engine.backends.heap.backend import HeapKeyedStateBackend, HeapStateView
 
 
@@ -54,7 +52,7 @@ class DeltaCapture(Capture[WrittenFiles]):
         self,
         operator_uid: str,
         subtask_index: int,
-        backend: KeyedStateBackend,
+        backend: HeapKeyedStateBackend,
         view: HeapStateView,
         chain: Chain | None,
         strategy: DeltaSnapshotStrategy,
@@ -137,15 +135,7 @@ class DeltaSnapshotStrategy:
         self.backend = backend
         self.chain: Chain | None = None
 
-    def capture(
-        self, operator_uid: str, subtask_index: int, backend: KeyedStateBackend, ctx: WriteContext
-    ) -> DeltaCapture:
-        if backend is not self.backend:
-            raise InvalidSnapshotRequest(
-                f"the delta strategy of one heap backend was asked to capture another "
-                f"({type(backend).__name__}); take each backend's own: "
-                "backend.snapshot_strategy(SnapshotFormat.DELTA)"
-            )
+    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> DeltaCapture:
         chain = self.chain
         if not ctx.incremental or chain is None or len(chain.deltas) >= ctx.full_every:
             chain = None

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from state_engine.backends.base import KeyedStateBackend
-from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend, RocksDBStateView
+from state_engine.backends.base import KeyedStateBackend, KeyedStateView
+from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from state_engine.backends.rocksdb.snapshot import local_name_of
 from state_engine.checkpoint.metadata import FileKind, SnapshotMetadata, SubtaskSnapshot
 from state_engine.checkpoint.registry import SharedStateRegistry
@@ -135,7 +135,7 @@ def open_in_place(
 @contextlib.contextmanager
 def opened_aside(
     source: NativeSource, key_serializer: TypeSerializer, scratch_root: str | Path | None = None
-) -> Iterator[RocksDBStateView]:
+) -> Iterator[KeyedStateView]:
     """A view of ``source``'s DB, downloaded into a scratch directory (never opened in place:
     RocksDB writes LOCK and LOG files next to its data) and removed afterwards."""
     scratch = Path(tempfile.mkdtemp(prefix="sk-restore-", dir=scratch_root))

@@ -23,12 +23,11 @@ from state_engine.checkpoint.canonical import KeyGroupStats
 from state_engine.checkpoint.metadata import FileKind, SnapshotFile, SnapshotFormat
 from state_engine.checkpoint.storage import SnapshotFileWriter, format_checksum
 from state_engine.checkpoint.strategies import SHARED_PREFIX, Capture, SubtaskResult, WriteContext
-from state_engine.errors import InvalidSnapshotRequest, SnapshotFileExists
+from state_engine.errors import SnapshotFileExists
 from state_engine.faults import crash_point
 from state_engine.keygroups import key_group_prefix_length
 
 if TYPE_CHECKING:
-    from state_engine.backends.base import KeyedStateBackend
     from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
 
 _CHUNK = 1 << 20
@@ -198,15 +197,7 @@ class NativeSnapshotStrategy:
     def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
         self.backend = backend
 
-    def capture(
-        self, operator_uid: str, subtask_index: int, backend: KeyedStateBackend, ctx: WriteContext
-    ) -> NativeCapture:
-        if backend is not self.backend:
-            raise InvalidSnapshotRequest(
-                f"the native strategy of one RocksDB backend was asked to capture another "
-                f"({type(backend).__name__}); take each backend's own: "
-                "backend.snapshot_strategy(SnapshotFormat.NATIVE)"
-            )
+    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> NativeCapture:
         root = self.backend.path / "snapshots"
         root.mkdir(parents=True, exist_ok=True)
         local = root / f"chk-{ctx.checkpoint_id}-{uuid.uuid4().hex[:8]}"

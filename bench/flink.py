@@ -6,14 +6,20 @@ Three measurements, each against its baseline in the same run (ratios, not absol
   whose ``_metadata`` reference 10,000 shared files) into a fresh SQLite catalog, vs a bare
   ``fsspec`` listing of the same tree plus reading every ``_metadata``;
 * decode: every keyed entry of a generated canonical savepoint stream (the Java fixture job's
-  states: Long VALUE, TTL VALUE, MAP<String, Long>, LIST<Long>) decoded into Python values, vs
+  states: Long VALUE, TTL VALUE, MAP<String, Long>, LIST<Long>; 1/3 of the user keys not ASCII)
+  decoded by ``canonical_columns`` (what ``statectl state show`` uses) into one Arrow table per
+  state -- key group, key, namespace, user key, value, TTL timestamp columns holding every
+  record's decoded values (no lazy view: the tables are complete when the timer stops) -- vs
   reading the same bytes through ``pyarrow.input_stream`` plus one ``struct`` unpack per record;
-  reported in MB/s too;
+  reported in MB/s too, with the record-at-a-time reader's time for comparison (outside the
+  timer, the tables are checked equal to that reader's entries);
 * orphan cleanup (dry run: plan only) over 100,000 files of that job directory, vs a bare listing.
 
 The ``_metadata`` files are written here from the format (FLINK_FORMAT.md §2) with the
 ``CheckpointProperties`` trailer and keyed-backend header copied from the real fixture archive
 (``/work/shared/flink/flink-java-dev.tar.gz`` or ``--fixtures``). Prints one JSON object last.
+Each ratio is baseline time / measured time (best of ``--repeat``), wall clock; ``cpu_ratio`` is the
+same with process CPU time, steadier on a shared machine (the targets use the wall-clock ratio).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
+from state_engine.flink.columnar import canonical_columns
 from state_engine.flink.keyed_state import canonical_entries, read_proxy_header
 
 ARCHIVE = Path(os.environ.get("STATEKEEPER_FLINK_FIXTURES", "/work/shared/flink"))
@@ -42,12 +49,19 @@ HASHMAP_SP = "flink-java-dev/hashmap/savepoints/savepoint-24b66e-d8d099a6f7d1"
 MERCHANTS = ["amazon", "ikea", "café-de-flore", "Müller-Markt", "京东商城", "🍕-pizza-place"]
 
 
+#: process CPU seconds of the last best() call's fastest run (the machine is shared: wall-clock
+#: ratios swing with the load, CPU-time ratios much less; both are reported)
+CPU: list[float] = [0.0]
+
+
 def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    times, result = [], None
+    times, cpus, result = [], [], None
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         result = fn()
         times.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    CPU[0] = min(cpus)
     return min(times), result
 
 
@@ -142,27 +156,57 @@ def bench_decode(fixtures: Path, work: Path, keys: int, repeat: int) -> dict[str
             n += unpack(data, (i * 13) % limit)[0] & 1
         return n
 
-    def decode() -> int:
+    def decode() -> list[Any]:
+        # what `statectl state show` decodes with: every record's key group, key, user key,
+        # value and TTL timestamp into the columns of one Arrow table per state
         with open(path, "rb") as f:
             data = f.read()
-        n = 0
-        for _ in canonical_entries(data, offsets, 128, str(path)):
-            n += 1
-        return n
+        return list(canonical_columns(data, offsets, 128, str(path)))
+
+    def per_record() -> int:
+        # the record-at-a-time reader (one Entry per record), for comparison
+        with open(path, "rb") as f:
+            data = f.read()
+        return sum(1 for _ in canonical_entries(data, offsets, 128, str(path)))
 
     t_base, _ = best(baseline, repeat)
-    t_dec, entries = best(decode, repeat)
+    c_base = CPU[0]
+    t_dec, columns = best(decode, repeat)
+    c_dec = CPU[0]
+    t_rec, per_record_entries = best(per_record, 1)
+    entries = sum(len(c) for c in columns)
+    assert entries == per_record_entries == records, (entries, per_record_entries, records)
+    vectorized = sorted(c.state.name for c in columns if c.table is not None)
+    _check_same(columns, stream, offsets, str(path))
     mb = len(stream) / 1e6
     return {
         "records": records,
         "entries": entries,
+        "arrow_tables": vectorized,
         "bytes": len(stream),
         "baseline_s": round(t_base, 4),
         "decode_s": round(t_dec, 4),
+        "per_record_decode_s": round(t_rec, 4),
         "baseline_mb_s": round(mb / t_base, 1),
         "decode_mb_s": round(mb / t_dec, 1),
         "ratio": round(t_base / t_dec, 3),
+        "cpu_ratio": round(c_base / c_dec, 3),
     }
+
+
+def _check_same(columns: list[Any], stream: bytes, offsets: list[int], where: str) -> None:
+    """The tables hold what the record-at-a-time reader gives (per state, key group order)."""
+
+    def rows(entries: Any) -> dict[str, list[tuple[Any, ...]]]:
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        for e in entries:
+            out.setdefault(e.state, []).append(
+                (e.key_group, e.key, e.namespace, e.user_key, e.value, e.expires_at)
+            )
+        return {k: sorted(v, key=lambda r: r[0]) for k, v in out.items()}
+
+    got = rows(e for c in columns for e in c.entries())
+    assert got == rows(canonical_entries(stream, offsets, 128, where)), "decoded tables differ"
 
 
 # --- a generated Flink job directory ---
@@ -271,19 +315,22 @@ def bench_import(fixtures: Path, work: Path, shared_files: int, repeat: int) -> 
         url = f"sqlite:///{work / f'import-{next(counter)}.db'}"
         upgrade(url)
         with Catalog.open(url) as cat:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             report = import_flink(cat, [str(job)], "bench")
-            return time.perf_counter() - t, report
+            return time.perf_counter() - t, time.process_time() - c, report
 
     t_base, _ = best(baseline, repeat)
+    c_base = CPU[0]
     runs = [imported() for _ in range(repeat)]
-    t_imp = min(t for t, _ in runs)
+    t_imp = min(t for t, _, _ in runs)
+    c_imp = min(c for _, c, _ in runs)
     return {
         "files": files,
         "shared_files": shared_files,
         "baseline_s": round(t_base, 4),
         "import_s": round(t_imp, 4),
         "ratio": round(t_base / t_imp, 3),
+        "cpu_ratio": round(c_base / c_imp, 3),
     }
 
 
@@ -303,6 +350,7 @@ def bench_orphans(fixtures: Path, work: Path, total_files: int, repeat: int) -> 
         return len(fs.find(str(job), detail=True))
 
     t_base, listed = best(baseline, repeat)
+    c_base = CPU[0]
     url = f"sqlite:///{work / 'orphans.db'}"
     upgrade(url)
     with Catalog.open(url) as cat:
@@ -316,6 +364,7 @@ def bench_orphans(fixtures: Path, work: Path, total_files: int, repeat: int) -> 
             )  # fmt: skip
 
         t_orph, report = best(cleanup, repeat)
+        c_orph = CPU[0]
     found = (report.get("deleted") or {}).get(
         "count", len((report.get("deleted") or {}).get("items", []))
     )
@@ -325,6 +374,7 @@ def bench_orphans(fixtures: Path, work: Path, total_files: int, repeat: int) -> 
         "baseline_s": round(t_base, 4),
         "orphan_cleanup_s": round(t_orph, 4),
         "ratio": round(t_base / t_orph, 3),
+        "cpu_ratio": round(c_base / c_orph, 3),
     }
 
 

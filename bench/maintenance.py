@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog, upgrade
 from state_engine.checkpoint.canonical import KEYED_SCHEMA, CanonicalWriter, read_key_groups
+from state_engine.checkpoint.commit import reserve
 from state_engine.checkpoint.delta import CLEAR, DELTA_SCHEMA, PUT, DeltaWriter
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
@@ -59,8 +60,8 @@ from state_engine.config import Settings
 from state_engine.hashing import key_hashes
 from state_engine.jobs import compaction, rescale, savepoint, ttl_cleanup
 from state_engine.jobs.canonical_write import RangeOutput, WriteRange
-from state_engine.jobs.commit import OutputSnapshot, begin_output, build_metadata, commit_output
 from state_engine.jobs.inputs import load_input
+from state_engine.jobs.output import OutputSnapshot, begin_output
 from state_engine.jobs.spark import build_spark, spark_url
 from state_engine.keygroups import compute_key_group_range_for_operator_index, key_groups_for_hashes
 from state_engine.serde import BytesSerializer, StrSerializer
@@ -184,7 +185,7 @@ def generate(
         operators=(OperatorSnapshot(OP, StrSerializer().snapshot().to_dict(), state_metas(), ()),),
         files=(),
     )
-    return commit_output(catalog, out, build_metadata(out, template, outputs), outputs)
+    return out.commit(out.metadata(template, outputs), outputs)
 
 
 def generate_delta(catalog: Catalog, storage: CheckpointStorage, base: Any, every: int) -> Any:
@@ -192,14 +193,12 @@ def generate_delta(catalog: Catalog, storage: CheckpointStorage, base: Any, ever
     ``every``-th ``count`` entry (CLEAR + PUT of a new value), as a heap delta would."""
     src = SnapshotDir.from_url(base.location)
     meta = read_metadata(src)
-    cid = catalog.list_snapshots(base.job, limit=1)[0].checkpoint_id + 1
-    record = catalog.begin_snapshot(
-        base.job, location=storage.checkpoint(base.job, cid).url,
-        parallelism=meta.parallelism, format="DELTA", checkpoint_id=cid,
-        max_parallelism=MAX_P, trigger="periodic",
+    pending = reserve(
+        catalog, storage, base.job, kind=SnapshotKind.CHECKPOINT, format=SnapshotFormat.DELTA,
+        parallelism=meta.parallelism, max_parallelism=MAX_P, trigger="periodic",
     )  # fmt: skip
-    out = OutputSnapshot(record, storage.checkpoint(base.job, record.checkpoint_id),
-                         SnapshotKind.CHECKPOINT)  # fmt: skip
+    record = pending.record
+    out = OutputSnapshot(record, pending)
     rng = np.random.default_rng(3)
     op = meta.operator(OP)
     by_path = {f.path: f for f in meta.files}
@@ -244,7 +243,7 @@ def generate_delta(catalog: Catalog, storage: CheckpointStorage, base: Any, ever
         operators=(OperatorSnapshot(OP, op.key_serializer, op.states, tuple(subtasks)),),
         files=tuple(files),
     )  # fmt: skip
-    return commit_output(catalog, out, new_meta, [])
+    return out.commit(new_meta, [])
 
 
 def keyed_urls(inp: Any) -> list[str]:

@@ -61,9 +61,8 @@ def statekeeper_catalog_health() -> None:
 
     @task
     def report(revision: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        from statekeeper_airflow.health import health_report, summary_lines
-
         from state_engine.catalog import Catalog
+        from state_engine.health import health_report, summary_lines
 
         minutes = int((params or {})["stale_pending_minutes"])
         with Catalog.from_settings() as catalog:
@@ -75,7 +74,7 @@ def statekeeper_catalog_health() -> None:
             log.info("%s", line)
         return result
 
-    report(check_catalog())
+    report(check_catalog())  # type: ignore[arg-type]  # an XComArg, resolved to the str at run time
 
 
 statekeeper_catalog_health()

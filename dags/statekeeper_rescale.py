@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import Param, dag
-from statekeeper_airflow.actions import known_jobs
+from statekeeper_airflow.actions import job_examples
 from statekeeper_airflow.operators import StatekeeperJobOperator
 
-MAX_PARALLELISM = 32768  # Flink's upper bound on max parallelism (and so on parallelism)
+from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
+
+MAX_PARALLELISM = UPPER_BOUND_MAX_PARALLELISM  # and so the upper bound on parallelism
 
 DOC = """
 ### Statekeeper rescale
@@ -51,7 +53,7 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             type="string",
             minLength=1,
             # the catalog's jobs when this file was parsed, as suggestions (any name is accepted)
-            **({"examples": jobs} if (jobs := known_jobs()) else {}),
+            **job_examples(),
             title="Job",
             description="Name of the Statekeeper job to rescale (as listed by `statectl jobs`).",
         ),
@@ -60,8 +62,8 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             minimum=1,
             maximum=MAX_PARALLELISM,
             title="New parallelism",
-            description="Number of subtasks the job will restore with (1 to 32768, at most the "
-            "max parallelism).",
+            description=f"Number of subtasks the job will restore with (1 to {MAX_PARALLELISM}, "
+            "at most the max parallelism).",
         ),
         "max_parallelism": Param(
             None,
@@ -69,8 +71,8 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             minimum=1,
             maximum=MAX_PARALLELISM,
             title="New max parallelism",
-            description="Number of key groups (1 to 32768). Leave empty to keep the job's; a new "
-            "value rewrites the state into a new savepoint.",
+            description=f"Number of key groups (1 to {MAX_PARALLELISM}). Leave empty to keep the "
+            "job's; a new value rewrites the state into a new savepoint.",
         ),
         "source_snapshot": Param(
             None,

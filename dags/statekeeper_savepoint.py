@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import Param, dag
-from statekeeper_airflow.actions import known_jobs
+from statekeeper_airflow.actions import job_examples
 from statekeeper_airflow.operators import StatekeeperJobOperator
 
 DOC = """
@@ -48,7 +48,7 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             type="string",
             minLength=1,
             # the catalog's jobs when this file was parsed, as suggestions (any name is accepted)
-            **({"examples": jobs} if (jobs := known_jobs()) else {}),
+            **job_examples(),
             title="Job",
             description="Name of the Statekeeper job to capture (as listed by `statectl jobs`).",
         ),

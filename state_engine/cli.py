@@ -19,20 +19,13 @@ from typing import Any
 from state_engine import __version__
 from state_engine.config import Settings
 from state_engine.errors import StatekeeperError
+from state_engine.formatting import BYTE_COLUMNS, format_table
 from state_engine.jobs.commands import register as register_job_commands
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 # --- output ---
-
-
-def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """statectl's tables: byte columns as sizes, control characters escaped."""
-    from state_engine.formatting import BYTE_COLUMNS
-    from state_engine.formatting import format_table as table
-
-    return table(columns, rows, sizes=BYTE_COLUMNS)
 
 
 def _json_default(value: Any) -> Any:
@@ -57,7 +50,8 @@ def _print_records(
     if args.json:
         _print_json([dataclasses.asdict(r) for r in records])
         return
-    print(format_table(columns, [[getattr(r, c) for c in columns] for r in records]))
+    rows = [[getattr(r, c) for c in columns] for r in records]
+    print(format_table(columns, rows, sizes=BYTE_COLUMNS))
 
 
 # --- commands ---
@@ -117,7 +111,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             ]
         )
     columns = ["id", "name", "max_parallelism", "latest", "checkpoint", "bytes", "completed_at"]
-    print(format_table(columns, rows))
+    print(format_table(columns, rows, sizes=BYTE_COLUMNS))
     return 0
 
 
@@ -140,7 +134,7 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
          else getattr(s, c) for c in columns]
         for s in snaps
     ]  # fmt: skip
-    print(format_table(columns, rows))
+    print(format_table(columns, rows, sizes=BYTE_COLUMNS))
     if any(is_estimated(s.format) for s in snaps):
         print(f"~ entries of native snapshots are {ESTIMATE_NOTE}")
     return 0
@@ -152,7 +146,6 @@ def cmd_show(args: argparse.Namespace) -> int:
         sizes = [p for p in catalog.state_size_history(snap.job_id) if p.snapshot_id == snap.id]
         skew = catalog.key_group_skew(snap.id)
     from state_engine.formatting import (
-        BYTE_COLUMNS,
         ESTIMATE_NOTE,
         cell_text,
         escape_control,
@@ -184,6 +177,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             format_table(
                 ["operator", "files", "bytes", "shared_bytes"],
                 [[p.operator, p.files, p.bytes, p.shared_bytes] for p in sizes],
+                sizes=BYTE_COLUMNS,
             )
         )
     if skew:
@@ -196,6 +190,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 ["operator", "key_groups", "total_rows", "max_rows", "mean_rows", "skew"],
                 [[k.operator, k.key_groups, k.total_rows, k.max_rows, k.mean_rows, k.skew]
                  for k in skew],
+                sizes=BYTE_COLUMNS,
             )
         )  # fmt: skip
     return 0
@@ -224,8 +219,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from state_engine.formatting import format_table as table
-
     with _open_catalog() as catalog:
         result = catalog.query(
             args.query, max_rows=args.max_rows, timeout_s=args.timeout, max_bytes=args.max_bytes
@@ -234,7 +227,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         _print_json([dict(zip(result.columns, row, strict=True)) for row in result.rows])
     else:
         # a query's own numbers stay as the database returned them: no size columns here
-        print(table(result.columns, result.rows))
+        print(format_table(result.columns, result.rows))
     if result.truncated:
         print(
             f"statectl: output cut at {result.truncated}: narrow the query (WHERE, LIMIT) or "
@@ -280,7 +273,7 @@ def _byte_count(text: str) -> int:
 def _command(
     subparsers: Any, name: str, handler: Handler, help: str, *, json_output: bool = True
 ) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(name, help=help, description=help)
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help, description=help)
     parser.set_defaults(handler=handler)
     if json_output:
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -25,25 +25,25 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-import fsspec
-
 from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.catalog import Catalog, RunRecord, SnapshotRecord
 from state_engine.catalog.engine import parse_url, sqlite_path
 from state_engine.catalog.migrate import upgrade
+from state_engine.checkpoint.storage import FileStore
 from state_engine.config import Settings
 from state_engine.demo_airflow import REPO, AirflowCli, DemoAirflowError, failure_message
 from state_engine.errors import NotFound, StatekeeperError
 from state_engine.examples import fraud
-from state_engine.formatting import human_bytes
+from state_engine.formatting import format_table, human_bytes
 from state_engine.runtime import FileSink, JobRunner
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotStatus
 
 JOB = fraud.JOB_NAME
 STAGES = 6
@@ -137,18 +137,8 @@ def seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 90 else f"{int(s // 60)} min {s % 60:04.1f} s"
 
 
-def size(n: int | None) -> str:
-    return human_bytes(n)
-
-
 def when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> list[str]:
-    cells = [[str(c) for c in header], *[[str(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
 
 def by_rule(alerts: Iterable[dict[str, Any]]) -> Counter[str]:
@@ -170,7 +160,7 @@ class StreamSize:
     def total(self) -> int:
         return self.partitions * self.records_per_partition
 
-    def stream(self) -> dict[str, int]:
+    def stream(self) -> fraud.StreamSize:
         return {
             "partitions": self.partitions,
             "records_per_partition": self.records_per_partition,
@@ -253,9 +243,11 @@ class AirflowMaintainer:
             if run.dag_id == dag_id and run.airflow_run_id == test.run_id:
                 runs.setdefault(run.kind, run)
         for kind, _ in jobs:
-            run = runs.get(kind)
-            if run is None or run.status != "SUCCEEDED":
-                state = "no run in the catalog" if run is None else f"{run.status}: {run.error}"
+            found = runs.get(kind)
+            if found is None or found.status != "SUCCEEDED":
+                state = (
+                    "no run in the catalog" if found is None else f"{found.status}: {found.error}"
+                )
                 raise DemoAirflowError(
                     failure_message(test, f": its {kind} run for {JOB!r} has {state}")
                 )
@@ -294,7 +286,7 @@ class SparkMaintainer:
         skipped: list[str] = []
         if dag_id == "statekeeper_maintenance":
             latest = self.catalog.latest_snapshot(JOB)
-            if latest is not None and latest.format != "DELTA":
+            if latest is not None and latest.format is not SnapshotFormat.DELTA:
                 skipped.append(
                     f"latest snapshot {latest.id} is {latest.format}, not a heap delta chain: "
                     "no compaction"
@@ -376,9 +368,8 @@ class Demo:
                         "demo?) and the catalog cannot delete one job: point "
                         "STATEKEEPER_CATALOG_URL at an empty database, or use the embedded default"
                     )
-        fs, root = fsspec.core.url_to_fs(s.checkpoint_root.rstrip("/") + "/" + JOB)
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
+        store, root = FileStore.at(s.checkpoint_root.rstrip("/") + "/" + JOB)
+        if store.delete_tree(root):
             cleared.append(f"{s.checkpoint_root.rstrip('/')}/{JOB}")
         if self.work.exists():
             shutil.rmtree(self.work)
@@ -414,7 +405,7 @@ class Demo:
             parallelism,
             RocksDBBackendFactory(self.work / "rocksdb"),
             checkpoint_every=self.size.checkpoint_every,
-            format="native",
+            format=SnapshotFormat.NATIVE.option,
             incremental=True,
             sink=self.sink,
             **self.size.stream(),
@@ -483,8 +474,8 @@ class Demo:
             new = [f for f in unique if f.created_by_snapshot_id == snap.id]
             reused = [f for f in shared if f.created_by_snapshot_id != snap.id]
             self.console.line(
-                f"chk-{snap.checkpoint_id}  {snap.format.lower()}  {size(snap.bytes):>9} in "
-                f"{len(unique)} files, uploaded {size(sum(f.size for f in new)):>9}; "
+                f"chk-{snap.checkpoint_id}  {snap.format.lower()}  {human_bytes(snap.bytes):>9} in "
+                f"{len(unique)} files, uploaded {human_bytes(sum(f.size for f in new)):>9}; "
                 f"{len(shared)} shared SSTs: {len(shared) - len(reused)} new, {len(reused)} reused"
             )
 
@@ -512,7 +503,7 @@ class Demo:
         expired = ", ".join(f"chk-{e['checkpoint_id']}" for e in st.get("expired", [])) or "none"
         c.line(
             f"  expire (retain_last=2): expired {expired}; deleted {st.get('files_deleted', 0)} "
-            f"files ({size(st.get('bytes_deleted', 0))}) that no retained checkpoint uses"
+            f"files ({human_bytes(st.get('bytes_deleted', 0))}) that no retained checkpoint uses"
         )
         st = _stats(maint.runs["orphan_cleanup"])
         c.line(
@@ -530,7 +521,7 @@ class Demo:
         c.line(
             f"  snapshot {savepoint.id}: {savepoint.kind} {savepoint.format} of chk-"
             f"{last.checkpoint_id} ({last.format}): {savepoint.entries:,} rows, "
-            f"{size(savepoint.bytes)}, relocatable, at {savepoint.location}"
+            f"{human_bytes(savepoint.bytes)}, relocatable, at {savepoint.location}"
         )
 
         # The job's TTL runs on record time, not the wall clock: "now" would expire every entry
@@ -560,7 +551,7 @@ class Demo:
             f"would expire everything): dropped "
             f"{st.get('dropped', 0):,} expired entries ({per_state or 'none'}), kept "
             f"{st.get('kept', 0):,} -> snapshot {cleaned.id} ({cleaned.kind} {cleaned.format}, "
-            f"{size(cleaned.bytes)})"
+            f"{human_bytes(cleaned.bytes)})"
         )
 
         rs = maintainer.run(
@@ -625,7 +616,7 @@ class Demo:
             for r in RULES
         ]
         rows.append(("total", f"{len(reference):,}", f"{len(alerts):,}", ""))
-        for line in table(rows, ("rule", "reference", "killed+resumed", "")):
+        for line in format_table(("rule", "reference", "killed+resumed", ""), rows).splitlines():
             c.line(line)
         want, have = fraud.alert_counts(reference), fraud.alert_counts(alerts)
         if want != have:
@@ -647,7 +638,7 @@ class Demo:
     def summary(self) -> None:
         c, catalog = self.console, self._catalog()
         c.line("jobs:")
-        rows = []
+        rows: list[tuple[object, ...]] = []  # three tables, each row a tuple of its cells
         for j in catalog.list_jobs():
             latest = catalog.latest_snapshot(j.name)
             rows.append(
@@ -658,23 +649,23 @@ class Demo:
                     "-" if latest is None else latest.parallelism,
                 )
             )
-        for line in table(rows, ("job", "max p", "latest snapshot", "p")):
+        for line in format_table(("job", "max p", "latest snapshot", "p"), rows).splitlines():
             c.line(line, indent=8)
         c.line(f"snapshots of {JOB}:")
         snaps = sorted(catalog.list_snapshots(JOB), key=lambda s: s.id)
         rows = [
-            (s.id, s.checkpoint_id, s.kind, s.format, s.status, s.parallelism, size(s.bytes),
+            (s.id, s.checkpoint_id, s.kind, s.format, s.status, s.parallelism, s.bytes,
              f"{s.entries:,}", s.trigger)
             for s in snaps
         ]  # fmt: skip
         header = ("id", "chk", "kind", "format", "status", "p", "bytes", "entries", "trigger")
-        for line in table(rows, header):
+        for line in format_table(header, rows, sizes={"bytes"}).splitlines():
             c.line(line, indent=8)
         files, total = self._storage_size()
-        live = [s for s in snaps if s.status == "COMPLETED"]
+        live = [s for s in snaps if s.status is SnapshotStatus.COMPLETED]
         c.line(
-            f"sizes: {len(live)} live snapshots; {files} files, {size(total)} on storage under "
-            f"{self.settings.checkpoint_root.rstrip('/')}/{JOB} (shared SSTs counted once)"
+            f"sizes: {len(live)} live snapshots; {files} files, {human_bytes(total)} on storage "
+            f"under {self.settings.checkpoint_root.rstrip('/')}/{JOB} (shared SSTs counted once)"
         )
         c.line("maintenance runs:")
         runs = sorted(catalog.list_runs(job=JOB, limit=None), key=lambda r: r.id)
@@ -685,7 +676,8 @@ class Demo:
              f"{r.input_snapshot_id or '-'} -> {r.output_snapshot_id or '-'}")
             for r in runs
         ]  # fmt: skip
-        for line in table(rows, ("kind", "status", "dag_id", "duration", "snapshots")):
+        header = ("kind", "status", "dag_id", "duration", "snapshots")
+        for line in format_table(header, rows).splitlines():
             c.line(line, indent=8)
 
     def next_steps(self, maintenance: Maintenance, reference: list[dict[str, Any]]) -> None:
@@ -716,11 +708,9 @@ class Demo:
         c.line(f"Logs of the Airflow runs: {self.work / 'logs'}", 2)
 
     def _storage_size(self) -> tuple[int, int]:
-        fs, root = fsspec.core.url_to_fs(self.settings.checkpoint_root.rstrip("/") + "/" + JOB)
-        if not fs.exists(root):
-            return 0, 0
-        sizes = fs.du(root, total=False, withdirs=False)
-        return len(sizes), sum(sizes.values())
+        store, root = FileStore.at(self.settings.checkpoint_root.rstrip("/") + "/" + JOB)
+        files = store.find(root)
+        return len(files), sum(f.size for f in files)
 
     def _catalog(self) -> Catalog:
         if self.catalog is None:

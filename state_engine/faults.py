@@ -30,12 +30,11 @@ PAUSE_DIR_ENV_VAR = "STATEKEEPER_PAUSE_DIR"
 CRASH_POINTS: dict[str, str] = {
     "checkpoint.after_data_files": "state_engine.checkpoint.manager",
     "checkpoint.after_attach": "state_engine.checkpoint.manager",
-    "checkpoint.after_metadata": "state_engine.checkpoint.manager",
     "checkpoint.after_complete": "state_engine.checkpoint.manager",
+    "commit.after_metadata": "state_engine.checkpoint.commit",
     "checkpoint.during_release": "state_engine.checkpoint.manager",
     "checkpoint.native.after_shared_upload": "state_engine.backends.rocksdb.snapshot",
     "checkpoint.delta.after_write": "state_engine.backends.heap.snapshot",
-    "jobs.commit.after_metadata": "state_engine.jobs.commit",
     "compaction.after_tasks": "state_engine.jobs.compaction",
     "compaction.after_complete": "state_engine.jobs.compaction",
     "savepoint.after_tasks": "state_engine.jobs.savepoint",
@@ -70,7 +69,7 @@ def parse(spec: str) -> dict[str, int]:
         if not name or (sep and not nth.strip().isdigit()) or (sep and int(nth) < 1):
             raise InvalidCrashPoint(
                 f"{ENV_VAR} entry {item!r} is not 'name' or 'name:N' with N >= 1; "
-                f"e.g. {ENV_VAR}=checkpoint.after_metadata:2"
+                f"e.g. {ENV_VAR}=commit.after_metadata:2"
             )
         armed[name] = int(nth) if sep else 1
     return armed

@@ -1,7 +1,7 @@
 """Text for people: byte sizes, terminal-safe strings and aligned tables (statectl, the demo,
 ``verify`` and the plugin's pages all use these, so a size reads the same everywhere).
 
-A leaf module: it imports nothing of Statekeeper and nothing heavy.
+A leaf module: it imports nothing heavy and of Statekeeper only the snapshot enums.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
+
+from state_engine.snapshot_enums import SnapshotFormat
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 # bidi overrides and isolates reorder what follows them on the terminal: shown escaped, too
@@ -127,7 +129,7 @@ def format_table(
 #: Snapshot formats whose entry counts and per-key-group rows are estimated, not counted: a
 #: RocksDB (native) snapshot's figures come from its SST files' metadata, which counts every
 #: version and tombstone of a key (a savepoint of it may hold far fewer rows).
-ESTIMATED_FORMATS = frozenset({"NATIVE"})
+ESTIMATED_FORMATS = frozenset({SnapshotFormat.NATIVE})
 ESTIMATE_NOTE = "estimated from RocksDB SST metadata (counts versions and tombstones), not counted"
 
 

@@ -179,16 +179,16 @@ def key_hash(key: object) -> int:
     """The signed int32 hash of ``key`` under the rules in this module's docstring."""
     t = type(key)
     if t is str:
-        return java_string_hash(key)  # type: ignore[arg-type]
+        return java_string_hash(key)  # lru_cache: any hashable argument type-checks
     if t is int:
-        return java_long_hash(key)  # type: ignore[arg-type]
+        return java_long_hash(key)  # type: ignore[arg-type]  # t is int: key is an int
     if t is bool or isinstance(key, np.bool_):
         return _TRUE_HASH if key else _FALSE_HASH
     if t is bytes or t is bytearray or t is memoryview:
-        return java_bytes_hash(key)  # type: ignore[arg-type]
+        return java_bytes_hash(key)  # type: ignore[arg-type]  # t is one of the three types
     if t is tuple:
         h = 0
-        for field in key:  # type: ignore[attr-defined]
+        for field in key:  # type: ignore[attr-defined]  # t is tuple: key is a tuple
             h = (31 * h + (0 if field is None else key_hash(field))) & _MASK32
         return h - 0x100000000 if h & 0x80000000 else h
     # Subclasses and NumPy scalars: slower checks, kept off the common path above.
@@ -279,7 +279,10 @@ def _segmented_polynomial(
     if width * len(lengths) == len(units) and (lengths == width).all():
         # Fixed-width keys (formatted ids) need no per-unit index arrays: one row per key.
         weights = _powers_of_31(width)[::-1]
-        return (units.reshape(-1, width) * weights).sum(axis=1, dtype=np.uint32)
+        fixed: npt.NDArray[np.uint32] = (units.reshape(-1, width) * weights).sum(
+            axis=1, dtype=np.uint32
+        )
+        return fixed
     out = np.zeros(len(lengths), dtype=np.uint32)
     # Exponent of unit j is (end of its segment - 1 - j).
     ends = np.repeat(offsets[1:], lengths)

@@ -28,6 +28,10 @@ from state_engine.hashing import (
     murmur_hash,
     murmur_hash_array,
 )
+from state_engine.parallelism_limits import (
+    DEFAULT_LOWER_BOUND_MAX_PARALLELISM,
+    UPPER_BOUND_MAX_PARALLELISM,
+)
 
 __all__ = [
     "DEFAULT_LOWER_BOUND_MAX_PARALLELISM",
@@ -48,9 +52,6 @@ __all__ = [
     "key_groups_for_hashes",
     "operator_indexes_for_key_groups",
 ]
-
-DEFAULT_LOWER_BOUND_MAX_PARALLELISM = 128
-UPPER_BOUND_MAX_PARALLELISM = 32768
 
 
 def _is_int(value: object) -> bool:
@@ -100,7 +101,7 @@ class KeyGroupRange:
         return self.end - self.start + 1
 
     def __contains__(self, key_group: object) -> bool:
-        return _is_int(key_group) and self.start <= key_group <= self.end  # type: ignore[operator]
+        return _is_int(key_group) and self.start <= key_group <= self.end  # type: ignore[operator]  # _is_int: an int
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.start, self.end + 1))

@@ -80,7 +80,10 @@ def _json_normal(config: Mapping[str, Any], what: str) -> dict[str, Any]:
     # A JSON round trip both validates the config and normalises it (tuples become lists), so a
     # snapshot built in memory equals the one read back from _metadata.
     try:
-        return json.loads(json.dumps(dict(config), sort_keys=True, allow_nan=False))
+        normal: dict[str, Any] = json.loads(
+            json.dumps(dict(config), sort_keys=True, allow_nan=False)
+        )
+        return normal
     except (TypeError, ValueError) as exc:
         raise SerializationError(
             f"{what}: the serializer config must be JSON-able ({exc}); store only names, numbers, "
@@ -169,8 +172,9 @@ class TypeSerializer(abc.ABC):
 
     name: ClassVar[str]
     version: ClassVar[int] = 1
-    #: Size in bytes of every serialized value, or None when it varies.
-    fixed_size: ClassVar[int | None] = None
+    #: Size in bytes of every serialized value, or None when it varies (a class constant, except
+    #: for serializers whose width follows their parameters, e.g. a tuple's fields).
+    fixed_size: int | None = None
 
     @abc.abstractmethod
     def serialize(self, value: Any) -> bytes: ...
@@ -387,7 +391,8 @@ class IntSerializer(TypeSerializer):
 
     def deserialize(self, data: bytes) -> int:
         try:
-            return _I64.unpack(data)[0]
+            value: int = _I64.unpack(data)[0]
+            return value
         except (struct.error, TypeError):
             raise _corrupt("int", data, "expected exactly 8 bytes") from None
 
@@ -413,7 +418,8 @@ class FloatSerializer(TypeSerializer):
 
     def deserialize(self, data: bytes) -> float:
         try:
-            return _F64.unpack(data)[0]
+            value: float = _F64.unpack(data)[0]
+            return value
         except (struct.error, TypeError):
             raise _corrupt("float", data, "expected exactly 8 bytes") from None
 
@@ -603,8 +609,8 @@ class TupleSerializer(TypeSerializer):
         self._arity = len(self.fields)
         self._plan = [(f.serialize, f.fixed_size) for f in self.fields]
         self._read_plan = [(f.deserialize, f.fixed_size) for f in self.fields]
-        sizes = [f.fixed_size for f in self.fields]
-        self.fixed_size = None if None in sizes else sum(sizes)  # type: ignore[misc]
+        sizes = [f.fixed_size for f in self.fields if f.fixed_size is not None]
+        self.fixed_size = sum(sizes) if len(sizes) == len(self.fields) else None
 
     def config(self) -> dict[str, Any]:
         return {"fields": [f.snapshot().to_dict() for f in self.fields]}
@@ -853,9 +859,8 @@ class ArrowRecordSerializer(TypeSerializer):
                 return Compatibility.INCOMPATIBLE  # a removed field loses data
             new = mine[old["name"]]
             seen.add(old["name"])
-            if old.get("type") != new["type"] and new["type"] not in _WIDENINGS.get(
-                old.get("type"), ()
-            ):
+            old_type = old.get("type")
+            if old_type != new["type"] and new["type"] not in _WIDENINGS.get(str(old_type), ()):
                 return Compatibility.INCOMPATIBLE
             if old.get("nullable") and not new["nullable"]:
                 return Compatibility.INCOMPATIBLE  # old nulls could not be written

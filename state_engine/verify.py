@@ -28,17 +28,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fsspec import AbstractFileSystem
-
 from state_engine.catalog import Catalog
 from state_engine.catalog.records import JobRecord, SnapshotFileRecord, SnapshotRecord
 from state_engine.checkpoint.metadata import METADATA_FILE, SnapshotMetadata
-from state_engine.checkpoint.storage import SnapshotDir, format_checksum, resolve_storage
+from state_engine.checkpoint.storage import FileStore, SnapshotDir, format_checksum
 from state_engine.errors import StatekeeperError
 from state_engine.formatting import human_bytes
+from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 ERROR, WARNING, PENDING = "ERROR", "WARNING", "PENDING"
-LIVE = ("PENDING", "COMPLETED")
+LIVE = RETAINED_STATUSES
 _CHUNK = 1 << 20
 
 #: exit status of ``statectl verify`` when it found an inconsistency (1 is "could not check")
@@ -133,17 +132,17 @@ class _Storage:
 
     def __init__(self, storage_options: dict[str, Any] | None) -> None:
         self.options = storage_options
-        self._fs: dict[str, AbstractFileSystem] = {}
+        self._stores: dict[str, FileStore] = {}
         self._checked: dict[tuple[str, bool], tuple[str, str] | None] = {}
 
-    def resolve(self, url: str) -> tuple[AbstractFileSystem, str]:
+    def resolve(self, url: str) -> tuple[FileStore, str]:
         scheme = url.split("://", 1)[0] if "://" in url else "file"
-        fs = self._fs.get(scheme)
-        if fs is None:
-            fs, path = resolve_storage(url, self.options)
-            self._fs[scheme] = fs
-            return fs, path
-        return fs, fs._strip_protocol(url)
+        store = self._stores.get(scheme)
+        if store is None:
+            store, path = FileStore.at(url, self.options)
+            self._stores[scheme] = store
+            return store, path
+        return store, store.path_of(url)
 
     def check(
         self, url: str, size: int, checksum: str | None, deep: bool
@@ -157,9 +156,9 @@ class _Storage:
     def _check(
         self, url: str, size: int, checksum: str | None, deep: bool
     ) -> tuple[str, str] | None:
-        fs, path = self.resolve(url)
+        store, path = self.resolve(url)
         try:
-            actual = int(fs.info(path)["size"])
+            actual = store.size(path)
         except FileNotFoundError:
             return "missing", "is missing from storage"
         if actual != size:
@@ -169,7 +168,7 @@ class _Storage:
             )
         if deep and checksum is not None:
             crc = 0
-            with fs.open(path, "rb") as f:
+            with store.open_read(path) as f:
                 while chunk := f.read(_CHUNK):
                     crc = zlib.crc32(chunk, crc)
             if format_checksum(crc) != checksum:
@@ -181,15 +180,17 @@ class _Storage:
 
     def list_files(self, url: str) -> dict[str, int]:
         """URL -> size of every file under ``url`` (nothing if it does not exist)."""
-        fs, path = self.resolve(url)
-        if not fs.exists(path):
-            return {}
-        found = fs.find(path, detail=True)
-        return {fs.unstrip_protocol(p): int(info.get("size") or 0) for p, info in found.items()}
+        store, path = self.resolve(url)
+        base = path.rstrip("/")
+        return {store.url_of(f"{base}/{f.path}"): f.size for f in store.find(path)}
 
 
 def _label(s: SnapshotRecord) -> str:
-    name = f"chk-{s.checkpoint_id}" if s.kind == "CHECKPOINT" else f"savepoint {s.checkpoint_id}"
+    name = (
+        f"chk-{s.checkpoint_id}"
+        if s.kind is SnapshotKind.CHECKPOINT
+        else f"savepoint {s.checkpoint_id}"
+    )
     return f"{name} (snapshot {s.id}, {s.status})"
 
 
@@ -258,7 +259,7 @@ def _check_metadata(
     listed: set[str] = set()
     for mf in meta.files:
         try:
-            url = sdir.fs.unstrip_protocol(sdir.resolve(mf.path))
+            url = sdir.url_of(mf.path)
         except StatekeeperError as exc:
             problems.append(f"file {mf.path!r}: {exc}")
             continue
@@ -271,7 +272,7 @@ def _check_metadata(
                 f"it records {mf.path} as {mf.size} bytes {mf.checksum}, the catalog as "
                 f"{cf.size} bytes {cf.checksum}"
             )
-    meta_url = sdir.fs.unstrip_protocol(sdir.metadata_path)
+    meta_url = sdir.metadata_url
     for url in sorted(set(files) - listed - {meta_url}):
         problems.append(f"the catalog attached {url}, which it does not list")
     for problem in problems:
@@ -302,7 +303,7 @@ def verify_job(
         referenced.update(files)
         if not any(snap.location.startswith(r.rstrip("/") + "/") for r in roots):
             roots.append(snap.location)
-        if snap.status == "PENDING":
+        if snap.status is SnapshotStatus.PENDING:
             report.pending += 1
             missing = sum(
                 1 for f in files.values() if storage.check(f.path, f.size, None, False) is not None

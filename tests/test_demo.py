@@ -66,7 +66,9 @@ def test_the_story_loses_nothing_and_a_rerun_starts_fresh(home: Path, spark: obj
         assert (ttl.stats or {})["stats"]["dropped"] > 0
         assert ttl.input_snapshot_id == runs["savepoint"].output_snapshot_id
         assert runs["rescale"].input_snapshot_id == ttl.output_snapshot_id
-        rescaled = catalog.get_snapshot(runs["rescale"].output_snapshot_id)
+        rescaled_id = runs["rescale"].output_snapshot_id
+        assert rescaled_id is not None
+        rescaled = catalog.get_snapshot(rescaled_id)
         assert rescaled.parallelism == 3
         latest = catalog.latest_snapshot(demo.JOB)
         assert latest is not None and latest.parallelism == 3 and latest.trigger == "final"

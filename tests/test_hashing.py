@@ -299,6 +299,7 @@ def test_key_hashes_mixed_python_sequence_and_empty_inputs() -> None:
     keys = ["a", 1, True, b"x", ("a", 1)]
     assert key_hashes(keys).tolist() == [key_hash(k) for k in keys]
     assert key_hashes(np.array(keys, dtype=object)).tolist() == [key_hash(k) for k in keys]
+    empty: object
     for empty in (
         [],
         np.array([], dtype=np.int64),
@@ -345,11 +346,11 @@ def test_murmur_rejects_values_that_are_not_32_bit() -> None:
         murmur_hash(2**32)
     for bad in (1.0, True, None, "1"):
         with pytest.raises(InvalidKeyHash, match="not a 32-bit int"):
-            murmur_hash(bad)  # type: ignore[arg-type]
-    assert murmur_hash(np.int32(-7)) == murmur_hash(-7)
+            murmur_hash(bad)  # type: ignore[arg-type]  # a wrong value on purpose
+    assert murmur_hash(np.int32(-7)) == murmur_hash(-7)  # type: ignore[arg-type]  # NumPy int on purpose
     with pytest.raises(InvalidKeyHash, match="32-bit"):
         murmur_hash_array(np.array([2**40], dtype=np.int64))
     with pytest.raises(InvalidKeyHash, match="integer array"):
         murmur_hash_array(np.array([1.0]))
     with pytest.raises(UnsupportedKeyType, match="needs a str"):
-        java_string_hash(b"abc")  # type: ignore[arg-type]
+        java_string_hash(b"abc")  # type: ignore[arg-type]  # a wrong value on purpose

@@ -220,16 +220,16 @@ def test_key_group_range_survives_pickling() -> None:
 
 
 def test_key_group_range_is_frozen_and_accepts_numpy_ints() -> None:
-    r = KeyGroupRange.of(np.int64(1), np.int32(2))
+    r = KeyGroupRange.of(np.int64(1), np.int32(2))  # type: ignore[arg-type]  # NumPy ints on purpose
     assert type(r.start) is int and r == KeyGroupRange.of(1, 2)
     with pytest.raises(AttributeError):
-        r.start = 0  # type: ignore[misc]
+        r.start = 0  # type: ignore[misc]  # frozen: the assignment fails on purpose
 
 
 @pytest.mark.parametrize(("start", "end"), [(-1, 3), (5, 3), (0, 32768), (1.0, 2), (True, 2)])
 def test_invalid_key_group_ranges(start: object, end: object) -> None:
     with pytest.raises(KeyGroupOutOfRange):
-        KeyGroupRange.of(start, end)  # type: ignore[arg-type]
+        KeyGroupRange.of(start, end)  # type: ignore[arg-type]  # a wrong value on purpose
 
 
 # --- prefixes ---
@@ -274,18 +274,19 @@ def test_prefix_bad_input() -> None:
 @pytest.mark.parametrize("bad", [0, -1, 32769, True, 128.0, "128", None])
 def test_bad_max_parallelism(bad: object) -> None:
     with pytest.raises(InvalidParallelism, match="max parallelism") as info:
-        check_max_parallelism(bad)  # type: ignore[arg-type]
+        check_max_parallelism(bad)  # type: ignore[arg-type]  # a wrong value on purpose
     assert "1..32768" in str(info.value)
     with pytest.raises(InvalidParallelism):
-        assign_to_key_group("k", bad)  # type: ignore[arg-type]
+        assign_to_key_group("k", bad)  # type: ignore[arg-type]  # a wrong value on purpose
     with pytest.raises(InvalidParallelism):
-        assign_to_key_groups(["k"], bad)  # type: ignore[arg-type]
+        assign_to_key_groups(["k"], bad)  # type: ignore[arg-type]  # a wrong value on purpose
 
 
 def test_check_max_parallelism_returns_int() -> None:
-    assert check_max_parallelism(np.int64(256)) == 256
-    assert type(check_max_parallelism(np.int64(256))) is int
-    assert assign_to_key_group("hello", np.int32(128)) == 35  # type: ignore[arg-type]
+    wide = np.int64(256)
+    assert check_max_parallelism(wide) == 256  # type: ignore[arg-type]  # a NumPy int on purpose
+    assert type(check_max_parallelism(wide)) is int  # type: ignore[arg-type]  # as above
+    assert assign_to_key_group("hello", np.int32(128)) == 35  # type: ignore[arg-type]  # a wrong value on purpose
 
 
 def test_parallelism_above_max_names_the_fix() -> None:
@@ -298,22 +299,22 @@ def test_parallelism_above_max_names_the_fix() -> None:
     with pytest.raises(InvalidParallelism, match="below 1"):
         check_parallelism(128, 0)
     with pytest.raises(InvalidParallelism, match="must be an int"):
-        check_parallelism(128, 2.0)  # type: ignore[arg-type]
+        check_parallelism(128, 2.0)  # type: ignore[arg-type]  # a wrong value on purpose
     for bad in (0, 40000, 2.0, True):
         with pytest.raises(InvalidParallelism, match=r"outside 1..32768"):
-            compute_default_max_parallelism(bad)  # type: ignore[arg-type]
+            compute_default_max_parallelism(bad)  # type: ignore[arg-type]  # a wrong value on purpose
 
 
 @pytest.mark.parametrize("index", [-1, 3, 1.0])
 def test_operator_index_out_of_range(index: object) -> None:
     with pytest.raises(InvalidParallelism, match=r"operator index .* outside 0..2"):
-        compute_key_group_range_for_operator_index(128, 3, index)  # type: ignore[arg-type]
+        compute_key_group_range_for_operator_index(128, 3, index)  # type: ignore[arg-type]  # a wrong value on purpose
 
 
 @pytest.mark.parametrize("kg", [-1, 128, 1.5])
 def test_key_group_out_of_range(kg: object) -> None:
     with pytest.raises(KeyGroupOutOfRange, match="outside 0..127"):
-        compute_operator_index_for_key_group(128, 4, kg)  # type: ignore[arg-type]
+        compute_operator_index_for_key_group(128, 4, kg)  # type: ignore[arg-type]  # a wrong value on purpose
     if isinstance(kg, int):
         with pytest.raises(KeyGroupOutOfRange, match="outside 0..127"):
             operator_indexes_for_key_groups(np.array([0, kg]), 128, 4)
@@ -336,8 +337,8 @@ def test_bad_key_hash() -> None:
     compute_key_group_for_key_hash(1, 128)  # cached: an equal float must still be refused
     for bad in (1.0, True, "1", None):
         with pytest.raises(InvalidKeyHash, match="not a 32-bit int"):
-            compute_key_group_for_key_hash(bad, 128)  # type: ignore[arg-type]
-    assert compute_key_group_for_key_hash(np.int32(-1), 128) == compute_key_group_for_key_hash(
+            compute_key_group_for_key_hash(bad, 128)  # type: ignore[arg-type]  # a wrong value on purpose
+    assert compute_key_group_for_key_hash(np.int32(-1), 128) == compute_key_group_for_key_hash(  # type: ignore[arg-type]  # a NumPy int on purpose
         -1, 128
     )
     with pytest.raises(InvalidKeyHash):

@@ -101,7 +101,7 @@ def test_list_state_refuses_none_and_bad_indexes() -> None:
         state.set(0, 1)
     state.add(1)
     with pytest.raises(StateError, match="index True is outside"):
-        state.set(True, 1)  # type: ignore[arg-type]
+        state.set(True, 1)  # type: ignore[arg-type]  # a wrong value on purpose
 
 
 def test_broadcast_state_is_a_map() -> None:
@@ -380,7 +380,7 @@ def _row(
         ([[_row()], [_row(mode="UNION", subtask=1)]], "rows in mode SPLIT and UNION"),
         ([[_row(index=-1)]], "must be ints >= 0"),
         ([[("s", "SPLIT", 0, 0)]], "must be \\(state, mode, subtask, index, value\\)"),
-        ([[OperatorStateRow("s", "SPLIT", 0, 0, "text")]], "value must be bytes"),
+        ([[OperatorStateRow("s", "SPLIT", 0, 0, "text")]], "value must be bytes"),  # type: ignore[arg-type]  # a str on purpose
         ([[OperatorStateRow("", "SPLIT", 0, 0, b"")]], "not a str"),
         ("rows", "one sequence of rows per old subtask"),
     ],
@@ -503,7 +503,7 @@ def test_source_offsets_assign_advance_and_read() -> None:
     assert offsets.partitions() == ["p-1", "p-0", "p-2"]
     offsets.advance("p-0", 5)
     offsets.advance("p-0", 5)
-    offsets.advance("p-2", np.int64(101))
+    offsets.advance("p-2", np.int64(101))  # type: ignore[arg-type]  # a NumPy int on purpose
     assert offsets.offset("p-0") == 5 and offsets.offset("p-2") == 101
     assert offsets.offsets() == {"p-1": 0, "p-0": 5, "p-2": 101}
     (restored,) = _rescale([backend], 1)

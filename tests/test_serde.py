@@ -43,7 +43,7 @@ AS_IS = Compatibility.COMPATIBLE_AS_IS
 AFTER = Compatibility.COMPATIBLE_AFTER_MIGRATION
 NO = Compatibility.INCOMPATIBLE
 
-text = st.text(alphabet=st.characters(exclude_categories=("Cs",)))
+text = st.text(alphabet=st.characters(exclude_categories=["Cs"]))
 int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 json_values = st.recursive(
     st.none()
@@ -139,7 +139,7 @@ def test_float_zero_and_negative_zero_are_different_keys() -> None:
 def test_bytes_round_trip_unchanged(value: bytes) -> None:
     assert BytesSerializer().serialize(value) == value
     assert BytesSerializer().serialize(bytearray(value)) == value
-    assert BytesSerializer().deserialize(memoryview(value)) == value
+    assert BytesSerializer().deserialize(memoryview(value)) == value  # type: ignore[arg-type]  # any buffer
 
 
 @pytest.mark.parametrize(("value", "data"), [(True, b"\x01"), (False, b"\x00")])
@@ -286,7 +286,7 @@ def test_snapshot_json_is_stable_and_sorted() -> None:
 def test_snapshot_is_immutable() -> None:
     snap = SerializerSnapshot("x", 1, {"a": 1})
     with pytest.raises(TypeError):
-        snap.config["a"] = 2  # type: ignore[index]
+        snap.config["a"] = 2  # type: ignore[index]  # read-only: the assignment fails on purpose
 
 
 def test_rebuilt_serializer_reads_the_writers_bytes() -> None:
@@ -466,7 +466,7 @@ def test_registration_conflicts_are_refused() -> None:
     with pytest.raises(SerializerRegistrationConflict, match="'str' version 1 is already"):
         register_serializer(Impostor)
     with pytest.raises(SerializerRegistrationConflict, match="TypeSerializer subclass"):
-        register_serializer(int)  # type: ignore[arg-type]
+        register_serializer(int)  # type: ignore[arg-type]  # a wrong value on purpose
 
     class Nameless(StrSerializer):
         name = ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,14 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from state_engine.catalog import Catalog, SnapshotRecord, upgrade
+from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint import RocksDBBackendFactory
 from state_engine.cli import main
 from state_engine.examples import fraud
 from state_engine.runtime import JobRunner
 from state_engine.verify import EXIT_INCONSISTENT, verify
 
-STREAM = {"partitions": 4, "records_per_partition": 600, "cards_per_partition": 40}
+STREAM: fraud.StreamSize = {
+    "partitions": 4,
+    "records_per_partition": 600,
+    "cards_per_partition": 40,
+}
 
 
 @dataclass
@@ -40,21 +43,12 @@ class Checkpointed:
         return Path(max(files, key=lambda f: f.size).path.removeprefix("file://"))
 
 
-@pytest.fixture(scope="module")
-def catalog_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("verify-catalog") / "catalog.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
 @pytest.fixture
 def job(
-    catalog_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Checkpointed]:
     """The fraud job killed after three RocksDB native incremental checkpoints."""
-    db = tmp_path / "catalog.db"
-    shutil.copyfile(catalog_template, db)
-    url = f"sqlite:///{db}"
+    url = catalog_url
     monkeypatch.setenv("STATEKEEPER_CATALOG_URL", url)
     with Catalog.open(url) as catalog:
         built = fraud.build_job(

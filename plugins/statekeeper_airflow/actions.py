@@ -3,9 +3,10 @@ forms) and the DAG runs and task logs behind each maintenance run.
 
 No form of our own: every action opens Airflow's page for the DAG, so Airflow's login and
 permissions decide who may trigger what. The links carry the job (and snapshot) as the trigger
-form's configuration in the URL (``?conf={...}``, the convention Airflow 2.7+ followed and Airflow
-3 pull requests restore); Airflow 3.3.2's UI does not read it yet, so the DAG's trigger form also
-offers the catalog's jobs as suggestions (:func:`known_jobs`) and each page shows the JSON to use.
+form's configuration in the URL (``?conf={...}``, as Airflow 2.7+ read it). Airflow 3.3.2's UI has
+no way to pre-fill a trigger form from a link (apache/airflow#59231 added one, #59769 reverted it;
+#54800 is open), so the DAG's trigger form offers the catalog's jobs as suggestions
+(:func:`job_examples`) and each page shows the configuration JSON to paste.
 
 Links are relative to the plugin's root (``root``), so they work under any ``[api] base_url``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlencode
 
 #: Where the plugin app is mounted under Airflow's root (statekeeper_plugin.py's url_prefix).
@@ -104,3 +106,9 @@ def known_jobs(limit: int = 200) -> list[str]:
             return [j.name for j in catalog.list_jobs(limit=limit)]
     except Exception:  # noqa: BLE001  (parse-time suggestions are optional by design)
         return []
+
+
+def job_examples() -> dict[str, Any]:
+    """A job ``Param``'s JSON-schema keywords: the catalog's jobs as ``examples``, or none."""
+    jobs = known_jobs()
+    return {"examples": jobs} if jobs else {}

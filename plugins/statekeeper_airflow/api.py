@@ -61,7 +61,7 @@ router = APIRouter(prefix="/api", dependencies=[Depends(api_user)], responses=ER
 def paginate(
     page: CatalogPage[Any], limit: int, model: type[M], convert: Callable[[Any], M]
 ) -> Page[M]:
-    return Page[model](  # type: ignore[valid-type]
+    return Page[model](  # type: ignore[valid-type]  # a generic model parametrized at run time
         total=page.total,
         limit=limit,
         offset=page.offset,

@@ -110,7 +110,9 @@ def create_app(catalogs: CatalogHolder | None = None) -> FastAPI:
     def bad_request(request: Request, exc: Exception) -> Response:
         # FastAPI's default is 422 with pydantic's structure; a wrong parameter is a 400 here,
         # with one readable line (an id above 2^63 included: it never reaches the database)
-        message = validation_message(exc)  # type: ignore[arg-type]
+        if not isinstance(exc, RequestValidationError):  # registered for that one type only
+            raise exc
+        message = validation_message(exc)
         if is_api(request):
             return JSONResponse({"detail": message}, status_code=status.HTTP_400_BAD_REQUEST)
         return pages.error_page(400, message, root=root_of(request))

@@ -78,7 +78,7 @@ def run_flink_maintenance(
     """Run ``kind`` on a job of origin flink in-process; None when ``params['job']`` is not one."""
     from state_engine.catalog import Catalog
     from state_engine.config import Settings
-    from state_engine.errors import InvalidJobParams
+    from state_engine.errors import FlinkConversionError, InvalidJobParams
     from state_engine.flink.retention import is_flink_job, run_maintenance
 
     settings = Settings.from_env()
@@ -93,10 +93,14 @@ def run_flink_maintenance(
 
             snapshot = params.get("snapshot")
             if snapshot is None:
-                latest = catalog.latest_snapshot(str(job))
-                if latest is None:
-                    raise InvalidJobParams(f"Flink job {job!r} has no COMPLETED snapshot")
-                snapshot = latest.id
+                # the newest snapshot *Flink* wrote: a savepoint converted earlier is newer
+                # still, but it is Statekeeper's, not a Flink snapshot to convert
+                try:
+                    snapshot = convert.latest_flink_snapshot(catalog, str(job))
+                except FlinkConversionError as exc:
+                    raise InvalidJobParams(str(exc)) from None  # no retry can fix it
+            if snapshot is None:  # not reached: is_flink_job said it is a Flink job
+                raise InvalidJobParams(f"job {job!r} is not a Flink job")
             return convert.run(
                 catalog,
                 int(snapshot),

@@ -195,11 +195,15 @@ def timestamp(value: datetime | None, *, short: bool = False) -> str:
     return f'<time datetime="{value.isoformat()}" title="{value.isoformat()}">{shown} UTC</time>'
 
 
+def figure(value: int, *, as_bytes: bool = False) -> str:
+    """A count with thousands separators, or a byte size (``1.3 MiB``): plain text."""
+    return human_bytes(value) if as_bytes else f"{value:,}"
+
+
 def number(value: int | None, *, as_bytes: bool = False) -> str:
     if value is None:
         return '<td class="num none">-</td>'
-    shown = human_bytes(value) if as_bytes else f"{value:,}"
-    return f'<td class="num" title="{value}">{shown}</td>'
+    return f'<td class="num" title="{value}">{escape(figure(value, as_bytes=as_bytes))}</td>'
 
 
 def table(headers: Iterable[tuple[str, bool]], rows: Iterable[str], *, empty: str) -> str:

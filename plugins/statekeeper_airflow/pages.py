@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from datetime import UTC, datetime
 from html import escape
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query
@@ -26,6 +26,7 @@ from state_engine.catalog import (
     SnapshotRecord,
 )
 from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from statekeeper_airflow.actions import (
     dag_href,
     dag_run_href,
@@ -38,6 +39,7 @@ from statekeeper_airflow.charts import Series, histogram, line_chart
 from statekeeper_airflow.markup import (
     THEME_SCRIPT_HASH,
     Window,
+    figure,
     human_age,
     human_bytes,
     human_duration,
@@ -89,7 +91,7 @@ def actions_bar(job: str, root: str, snapshot_id: int | None = None) -> str:
     )
 
 
-def window(result: Page[object], limit: int) -> Window:
+def window(result: Page[Any], limit: int) -> Window:
     return Window(result.total, result.offset, limit, len(result.items))
 
 
@@ -180,7 +182,9 @@ def size_series(points: list[SizePoint], formats: dict[int, str] | None = None) 
             Series(
                 label,
                 sorted(totals[sid] for sid in ids),
-                savepoints=frozenset(totals[sid][0] for sid in ids if kinds[sid] == "SAVEPOINT"),
+                savepoints=frozenset(
+                    totals[sid][0] for sid in ids if kinds[sid] == SnapshotKind.SAVEPOINT
+                ),
                 halo=True,
             )
         )
@@ -238,7 +242,9 @@ def job_page(
     history = catalog.state_size_history(job, limit=CHART_SNAPSHOTS)
     formats = {
         s.id: s.format
-        for s in catalog.list_snapshots(job, status="COMPLETED", limit=2 * CHART_SNAPSHOTS)
+        for s in catalog.list_snapshots(
+            job, status=SnapshotStatus.COMPLETED, limit=2 * CHART_SNAPSHOTS
+        )
     }
     series = size_series(history, formats)
     shown = len({p.snapshot_id for p in history if p.completed_at is not None})
@@ -402,7 +408,7 @@ def flow(into: int | None, out: int | None, *, as_bytes: bool = False) -> str:
     def shown(value: int | None) -> str:
         if value is None:
             return '<span class="none">-</span>'
-        return escape(human_bytes(value) if as_bytes else f"{value:,}")
+        return escape(figure(value, as_bytes=as_bytes))
 
     return (
         f'<td class="num flow" title="in {into if into is not None else "-"}, '

@@ -46,7 +46,7 @@ class SnapshotOut(Record):
     version: int
     error: str | None
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # over @property, as pydantic documents
     @property
     def entries_estimated(self) -> bool:
         """``entries`` (and the key-group rows) are estimated from RocksDB SST metadata."""

@@ -37,8 +37,8 @@ from state_engine.state.namespace import NamespaceSerializer
 from state_engine.state.ttl import INT64_MIN, Clock, SystemClock, TtlTimeDomain
 
 if TYPE_CHECKING:
-    from state_engine.checkpoint.metadata import SnapshotFormat
     from state_engine.checkpoint.strategies import Capture, WriteContext
+    from state_engine.snapshot_enums import SnapshotFormat
 
 _time_ns = time.time_ns
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Column, Connection
+from sqlalchemy import ColumnElement, Connection
 
 
 class Bulk:
@@ -70,7 +70,7 @@ class Bulk:
         top = self.conn.exec_driver_sql(f"SELECT COALESCE(MAX(id), 0) FROM {table}").scalar_one()
         return list(range(top + 1, top + 1 + count))
 
-    def bind(self, column: Column[Any], value: Any) -> Any:
+    def bind(self, column: ColumnElement[Any], value: Any) -> Any:
         """``value`` as SQLAlchemy would bind it to ``column`` (e.g. SQLite's timestamp text)."""
         # The dialect's own implementation: the generic type would leave SQLite a datetime, which
         # the driver formats differently (no microseconds when they are zero), breaking text order.

@@ -24,11 +24,15 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-SNAPSHOT_KINDS = ("CHECKPOINT", "SAVEPOINT")
-SNAPSHOT_FORMATS = ("CANONICAL", "DELTA", "NATIVE")
-SNAPSHOT_STATUSES = ("PENDING", "COMPLETED", "FAILED", "SUBSUMED", "DISCARDED")
+from state_engine.snapshot_enums import RETAINED_STATUSES as RETAINED
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
+
+# The strings the columns hold (check constraints spell them out): the enums' values.
+SNAPSHOT_KINDS = tuple(k.value for k in SnapshotKind)
+SNAPSHOT_FORMATS = tuple(f.value for f in SnapshotFormat)
+SNAPSHOT_STATUSES = tuple(s.value for s in SnapshotStatus)
 # Retained snapshots pin their files: nothing they reference may be deleted.
-RETAINED_STATUSES = ("PENDING", "COMPLETED")
+RETAINED_STATUSES = tuple(s.value for s in RETAINED)
 RUN_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED")
 # Who wrote a job's snapshots: Statekeeper's runtime, or Apache Flink (imported, migration 0003).
 JOB_ORIGINS = ("statekeeper", "flink")

@@ -12,9 +12,10 @@ reading stops at the cap; on SQLite no single value may exceed the byte cap eith
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -108,6 +109,8 @@ def _row_bytes(row: Any) -> int:
 def _sqlite_limits(conn: Connection, timeout_s: float, max_bytes: int) -> Iterator[None]:
     """Interrupt the statement after ``timeout_s``; refuse any value longer than ``max_bytes``."""
     raw = conn.connection.driver_connection
+    if not isinstance(raw, sqlite3.Connection):
+        raise CatalogUnreachable("the SQLite catalog connection is closed; open the catalog again")
     deadline = time.monotonic() + timeout_s
     raw.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_STEPS)
     # a single randomblob(1e9) never reaches a row boundary: cap the value itself
@@ -154,6 +157,7 @@ def run_readonly(
     except DBAPIError as exc:
         raise CatalogUnreachable(f"cannot connect to the catalog: {one_line(exc.orig)}") from exc
     with conn:
+        limits: AbstractContextManager[None]
         try:
             if sqlite:
                 conn.exec_driver_sql("PRAGMA query_only = ON")

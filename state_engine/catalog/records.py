@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
+
 T = TypeVar("T")
 
 
@@ -47,9 +49,9 @@ class SnapshotRecord:
     job_id: int
     job: str
     checkpoint_id: int
-    kind: str
-    format: str
-    status: str
+    kind: SnapshotKind
+    format: SnapshotFormat
+    status: SnapshotStatus
     parent_id: int | None
     parallelism: int
     max_parallelism: int

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from sqlalchemy import Select, case, delete, func, insert, literal, select, update
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -76,8 +76,10 @@ from state_engine.errors import (
     NoSuchSnapshot,
     StateRegistrationConflict,
 )
+from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
-MAX_MAX_PARALLELISM = 32_768  # Flink's upper bound for max parallelism
+MAX_MAX_PARALLELISM = UPPER_BOUND_MAX_PARALLELISM
 
 
 class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
@@ -270,8 +272,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         *,
         location: str,
         parallelism: int,
-        kind: str = "CHECKPOINT",
-        format: str = "CANONICAL",
+        kind: str = SnapshotKind.CHECKPOINT,
+        format: str = SnapshotFormat.CANONICAL,
         checkpoint_id: int | None = None,
         parent_id: int | None = None,
         max_parallelism: int | None = None,
@@ -305,7 +307,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 checkpoint_id=checkpoint_id,
                 kind=kind,
                 format=format,
-                status="PENDING",
+                status=SnapshotStatus.PENDING,
                 parent_id=parent_id,
                 parallelism=parallelism,
                 max_parallelism=max_p,
@@ -393,7 +395,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         if not refs:
             return 0
         with self._write() as s:
-            snap = self._lock_snapshot(s, snapshot_id, ("PENDING",), "attach files to")
+            snap = self._lock_snapshot(s, snapshot_id, (SnapshotStatus.PENDING,), "attach files to")
             # Plain ints: an ORM attribute read per row would cost more than the row's insert.
             snap_id, job_id = snap.id, snap.job_id
             details: dict[int, str] = {}
@@ -502,7 +504,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             return 0
         with self._write() as s:
             snap = self._lock_snapshot(
-                s, snapshot_id, ("PENDING", "COMPLETED"), "record key-group stats for"
+                s, snapshot_id, RETAINED_STATUSES, "record key-group stats for"
             )
             seen: set[tuple[str, int]] = set()
             for r in rows:
@@ -531,7 +533,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     )
             _executemany(
                 s,
-                KeyGroupStat.__table__.name,
+                KeyGroupStat.__tablename__,
                 ("snapshot_id", "operator_id", "key_group", "rows", "bytes"),
                 [(snap.id, op_ids[r.operator], r.key_group, r.rows, r.bytes) for r in rows],
             )
@@ -574,8 +576,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             self._transition(
                 s,
                 snapshot_id,
-                ("PENDING",),
-                "COMPLETED",
+                (SnapshotStatus.PENDING,),
+                SnapshotStatus.COMPLETED,
                 expected_version,
                 completed_at=now,
                 duration_ms=max(duration or 0, 0),
@@ -590,7 +592,14 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
     ) -> SnapshotRecord:
         """PENDING -> FAILED: its files are no longer pinned by it."""
         with self._write() as s:
-            self._transition(s, snapshot_id, ("PENDING",), "FAILED", expected_version, error=error)
+            self._transition(
+                s,
+                snapshot_id,
+                (SnapshotStatus.PENDING,),
+                SnapshotStatus.FAILED,
+                expected_version,
+                error=error,
+            )
             return self._snapshot_record(s, snapshot_id)
 
     def subsume_snapshot(
@@ -599,12 +608,18 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         """COMPLETED checkpoint -> SUBSUMED (a newer one replaces it); savepoints are refused."""
         with self._write() as s:
             snap = self._snapshot_record(s, snapshot_id)
-            if snap.kind == "SAVEPOINT":
+            if snap.kind is SnapshotKind.SAVEPOINT:
                 raise InvalidSnapshotTransition(
                     f"snapshot {snapshot_id} is a savepoint, owned by the user and never subsumed; "
                     "discard it explicitly if it is no longer needed"
                 )
-            self._transition(s, snapshot_id, ("COMPLETED",), "SUBSUMED", expected_version)
+            self._transition(
+                s,
+                snapshot_id,
+                (SnapshotStatus.COMPLETED,),
+                SnapshotStatus.SUBSUMED,
+                expected_version,
+            )
             return self._snapshot_record(s, snapshot_id)
 
     def discard_snapshot(
@@ -623,8 +638,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             self._transition(
                 s,
                 snapshot_id,
-                ("COMPLETED", "SUBSUMED", "FAILED"),
-                "DISCARDED",
+                (SnapshotStatus.COMPLETED, SnapshotStatus.SUBSUMED, SnapshotStatus.FAILED),
+                SnapshotStatus.DISCARDED,
                 expected_version,
                 **extra,
             )
@@ -733,9 +748,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     f"{job_row.name!r} (e.g. {live[0]}); subsume or discard those snapshots first"
                 )
             ids = [fid for fid, _, _ in rows]
-            for part in chunks(ids):
-                s.execute(delete(SnapshotFile).where(SnapshotFile.file_id.in_(part)))
-                s.execute(delete(File).where(File.id.in_(part)))
+            for id_part in chunks(ids):
+                s.execute(delete(SnapshotFile).where(SnapshotFile.file_id.in_(id_part)))
+                s.execute(delete(File).where(File.id.in_(id_part)))
             return len(ids)
 
     # --- questions ---
@@ -864,9 +879,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             for uid in missing:
                 check_name(uid, "an operator uid")
             returned = s.connection().execute(
-                insert(Operator.__table__).returning(
-                    Operator.__table__.c.uid, Operator.__table__.c.id
-                ),
+                insert(Operator).returning(Operator.uid, Operator.id),
                 [{"job_id": job_id, "uid": uid, "created_at": now} for uid in missing],
             )
             found.update(returned.all())
@@ -901,15 +914,19 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 f"snapshot {snapshot_id} is {status}; only a {' or '.join(allowed)} snapshot can "
                 f"become {target}"
             )
-        changed = s.execute(
-            update(Snapshot)
-            .where(
-                Snapshot.id == snapshot_id,
-                Snapshot.status == status,
-                Snapshot.version == version,
-            )
-            .values(status=target, version=Snapshot.version + 1, **values)
-            .execution_options(synchronize_session=False)
+        # an UPDATE's result is a CursorResult (Session.execute is typed with the base Result)
+        changed = cast(
+            "CursorResult[Any]",
+            s.execute(
+                update(Snapshot)
+                .where(
+                    Snapshot.id == snapshot_id,
+                    Snapshot.status == status,
+                    Snapshot.version == version,
+                )
+                .values(status=target, version=Snapshot.version + 1, **values)
+                .execution_options(synchronize_session=False)
+            ),
         ).rowcount
         if changed != 1:
             raise CommitConflict(
@@ -955,7 +972,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         )
 
 
-def _executemany(s: Session, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+def _executemany(
+    s: Session, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> None:
     """One DBAPI executemany of plain values (already validated and JSON-encoded).
 
     The hot path of snapshot registration: SQLAlchemy's per-row parameter processing would cost
@@ -967,13 +986,13 @@ def _executemany(s: Session, table: str, columns: tuple[str, ...], rows: list[tu
     conn.exec_driver_sql(sql, rows)
 
 
-def _jobs_stmt() -> Select[tuple[Job]]:
+def _jobs_stmt() -> Select[Job]:
     return select(Job).order_by(Job.name)
 
 
 def _snapshots_stmt(
     job_id: int, status: str | Sequence[str] | None, kind: str | None
-) -> Select[tuple[Snapshot]]:
+) -> Select[Snapshot]:
     stmt = select(Snapshot).where(Snapshot.job_id == job_id)
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
@@ -984,7 +1003,7 @@ def _snapshots_stmt(
     return stmt.order_by(Snapshot.checkpoint_id.desc())
 
 
-def _snapshot_files_stmt(snapshot_id: int) -> Select[Any]:
+def _snapshot_files_stmt(snapshot_id: int) -> Select[*tuple[Any, ...]]:
     # The tables rather than sk_v_snapshot_files: the reference id ends the ORDER BY, so pages
     # cut by offset never overlap or skip (one path may be read by several subtasks).
     return (
@@ -1058,6 +1077,11 @@ def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
     )
 
 
+# json.dumps(..., allow_nan=False) builds a new encoder per call; one shared encoder writes the
+# same text (attach_files serializes one details dict per file reference: tens of thousands)
+_encode_details = json.JSONEncoder(allow_nan=False).encode
+
+
 def _check_file_refs(
     refs: list[FileRef],
     parallelism: int,
@@ -1090,7 +1114,7 @@ def _check_file_refs(
         if ref.details is not None:
             try:
                 # serialized once here and reused by the insert (attach_files is a hot path)
-                details[id(ref)] = json.dumps(ref.details, allow_nan=False)
+                details[id(ref)] = _encode_details(ref.details)
             except (TypeError, ValueError):
                 as_json(ref.details, f"details of {path}")
         prev = by_path.setdefault(path, ref)
@@ -1160,9 +1184,9 @@ def _snapshot(r: Snapshot, job: str) -> SnapshotRecord:
         job_id=r.job_id,
         job=job,
         checkpoint_id=r.checkpoint_id,
-        kind=r.kind,
-        format=r.format,
-        status=r.status,
+        kind=SnapshotKind(r.kind),
+        format=SnapshotFormat(r.format),
+        status=SnapshotStatus(r.status),
         parent_id=r.parent_id,
         parallelism=r.parallelism,
         max_parallelism=r.max_parallelism,

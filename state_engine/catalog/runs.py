@@ -175,7 +175,7 @@ class RunMixin(Store):
 
 def _runs_stmt(
     s: Session, job: str | int | None, kind: str | None, status: str | None
-) -> Select[tuple[MaintenanceRun, str | None]]:
+) -> Select[MaintenanceRun, str]:
     stmt = select(MaintenanceRun, Job.name).outerjoin(Job, Job.id == MaintenanceRun.job_id)
     if job is not None:
         stmt = stmt.where(MaintenanceRun.job_id == _job_id(s, job))

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 from sqlalchemy import Engine, Select, func, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -75,7 +75,11 @@ def check_choice(value: object, what: str, choices: Iterable[str]) -> str:
     return value.upper()
 
 
-def window(stmt: Select[Any], limit: int | None, offset: int) -> Select[Any]:
+#: the column types of a statement's rows
+Columns = TypeVarTuple("Columns")
+
+
+def window(stmt: Select[*Columns], limit: int | None, offset: int) -> Select[*Columns]:
     """``stmt`` cut to ``limit`` rows from position ``offset`` (its ORDER BY must be total)."""
     if limit is not None:
         check_int(limit, "limit", 0)
@@ -83,7 +87,7 @@ def window(stmt: Select[Any], limit: int | None, offset: int) -> Select[Any]:
     return stmt.limit(limit).offset(offset or None)
 
 
-def count_rows(session: Session, stmt: Select[Any]) -> int:
+def count_rows(session: Session, stmt: Select[*Columns]) -> int:
     """How many rows ``stmt`` selects (without its order, limit and offset)."""
     inner = stmt.order_by(None).limit(None).offset(None).subquery()
     return int(session.scalar(select(func.count()).select_from(inner)) or 0)

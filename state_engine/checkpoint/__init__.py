@@ -5,10 +5,6 @@ files through :class:`CheckpointStorage` / :class:`SnapshotDir`, describe them i
 :class:`SnapshotMetadata` and commit it last with :func:`write_metadata`.
 :class:`CheckpointManager` runs them in two phases for a job's subtasks, registers every snapshot
 in the catalog and restores any completed one at any parallelism.
-
-Nothing is imported here: each name below loads its module on first use, so importing one module
-of the package (``checkpoint.storage`` on a Spark executor) loads neither the manager nor the
-catalog, and backend packages use the formats without an import cycle through this package.
 """
 
 from __future__ import annotations
@@ -16,61 +12,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from state_engine.backends.heap import HeapBackendFactory
-    from state_engine.backends.rocksdb import RocksDBBackendFactory
-    from state_engine.checkpoint.canonical import (
-        KEYED_SCHEMA,
-        OPERATOR_SCHEMA,
-        CanonicalWriter,
-        KeyGroupStats,
-        OperatorStateEntry,
-        StateEntry,
-        WrittenFiles,
-        read_entries,
-        read_key_groups,
-        read_operator_state,
-        write_operator_state,
-    )
-    from state_engine.checkpoint.delta import (
-        DELTA_SCHEMA,
-        DeltaEntry,
-        DeltaWriter,
-        fold,
-        read_folded,
-    )
-    from state_engine.checkpoint.manager import CheckpointManager, PendingSnapshot, SnapshotStats
-    from state_engine.checkpoint.metadata import (
-        FORMAT_VERSION,
-        FileKind,
-        KeyGroupRun,
-        OperatorSnapshot,
-        SnapshotFile,
-        SnapshotFormat,
-        SnapshotKind,
-        SnapshotMetadata,
-        SubtaskSnapshot,
-        read_metadata,
-        verify,
-        write_metadata,
-    )
-    from state_engine.checkpoint.registry import SharedStateRegistry
-    from state_engine.checkpoint.state import (
-        RestoredState,
-        RestoreMode,
-        StateBackendFactory,
-        SubtaskState,
-    )
-    from state_engine.checkpoint.storage import (
-        CheckpointStorage,
-        FileInfo,
-        ReadStats,
-        SnapshotDir,
-        StoredFile,
-        validate_job_name,
-    )
-
-_WHERE = {
+# Re-exports load on first use: ``import state_engine.checkpoint.storage`` (every Spark executor
+# does) must not pull in the catalog, SQLAlchemy or the state backends through this package.
+_EXPORTS = {
     "CanonicalWriter": "state_engine.checkpoint.canonical",
     "CheckpointManager": "state_engine.checkpoint.manager",
     "CheckpointStorage": "state_engine.checkpoint.storage",
@@ -95,12 +39,13 @@ _WHERE = {
     "SharedStateRegistry": "state_engine.checkpoint.registry",
     "SnapshotDir": "state_engine.checkpoint.storage",
     "SnapshotFile": "state_engine.checkpoint.metadata",
-    "SnapshotFormat": "state_engine.checkpoint.metadata",
-    "SnapshotKind": "state_engine.checkpoint.metadata",
+    "SnapshotFormat": "state_engine.snapshot_enums",
+    "SnapshotKind": "state_engine.snapshot_enums",
     "SnapshotMetadata": "state_engine.checkpoint.metadata",
     "SnapshotStats": "state_engine.checkpoint.manager",
+    "SnapshotStatus": "state_engine.snapshot_enums",
     "StateBackendFactory": "state_engine.checkpoint.state",
-    "StateEntry": "state_engine.checkpoint.canonical",
+    "StateEntry": "state_engine.state.meta",
     "StoredFile": "state_engine.checkpoint.storage",
     "SubtaskSnapshot": "state_engine.checkpoint.metadata",
     "SubtaskState": "state_engine.checkpoint.state",
@@ -116,6 +61,60 @@ _WHERE = {
     "write_metadata": "state_engine.checkpoint.metadata",
     "write_operator_state": "state_engine.checkpoint.canonical",
 }
+
+if TYPE_CHECKING:
+    from state_engine.backends.heap import HeapBackendFactory
+    from state_engine.backends.rocksdb import RocksDBBackendFactory
+    from state_engine.checkpoint.canonical import (
+        KEYED_SCHEMA,
+        OPERATOR_SCHEMA,
+        CanonicalWriter,
+        KeyGroupStats,
+        OperatorStateEntry,
+        WrittenFiles,
+        read_entries,
+        read_key_groups,
+        read_operator_state,
+        write_operator_state,
+    )
+    from state_engine.checkpoint.delta import (
+        DELTA_SCHEMA,
+        DeltaEntry,
+        DeltaWriter,
+        fold,
+        read_folded,
+    )
+    from state_engine.checkpoint.manager import CheckpointManager, PendingSnapshot, SnapshotStats
+    from state_engine.checkpoint.metadata import (
+        FORMAT_VERSION,
+        FileKind,
+        KeyGroupRun,
+        OperatorSnapshot,
+        SnapshotFile,
+        SnapshotMetadata,
+        SubtaskSnapshot,
+        read_metadata,
+        verify,
+        write_metadata,
+    )
+    from state_engine.checkpoint.registry import SharedStateRegistry
+    from state_engine.checkpoint.state import (
+        RestoredState,
+        RestoreMode,
+        StateBackendFactory,
+        SubtaskState,
+    )
+    from state_engine.checkpoint.storage import (
+        CheckpointStorage,
+        FileInfo,
+        ReadStats,
+        SnapshotDir,
+        StoredFile,
+        validate_job_name,
+    )
+    from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
+    from state_engine.state.meta import StateEntry
+
 
 __all__ = [
     "DELTA_SCHEMA",
@@ -146,6 +145,7 @@ __all__ = [
     "SnapshotKind",
     "SnapshotMetadata",
     "SnapshotStats",
+    "SnapshotStatus",
     "StateBackendFactory",
     "StateEntry",
     "StoredFile",
@@ -166,9 +166,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

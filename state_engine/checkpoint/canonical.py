@@ -595,9 +595,7 @@ class CanonicalWriter:
         if self._sink is not None:
             self._sink.abort()
         for f in self._written:
-            target = self._snap.resolve(f.path)
-            if self._snap.fs.exists(target):
-                self._snap.fs.rm_file(target)
+            self._snap.remove_file(f.path)
         self._written = []
 
     def _check_open(self) -> None:

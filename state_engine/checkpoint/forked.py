@@ -52,9 +52,7 @@ def can_fork(snapshot: SnapshotDir) -> bool:
     """Whether files of ``snapshot`` may be written by a forked child (see the module doc)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False
-    protocol = snapshot.fs.protocol
-    protocols = protocol if isinstance(protocol, tuple | list) else (protocol,)
-    return bool({"file", "local"} & set(protocols))
+    return snapshot.store.is_local
 
 
 class ForkedWrite(Generic[T]):

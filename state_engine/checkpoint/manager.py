@@ -24,24 +24,28 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from state_engine.backends.base import SnapshotStrategy
-from state_engine.catalog.records import FileRef, KeyGroupStatRow, SnapshotRecord
+from state_engine.backends.base import KeyedStateBackend, SnapshotStrategy
+from state_engine.catalog.records import KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
 from state_engine.checkpoint.canonical import (
     DEFAULT_ROW_GROUP_BYTES,
     KeyGroupStats,
     write_operator_state,
 )
+from state_engine.checkpoint.commit import (
+    FILE_LEASE_TTL_S,
+    PendingCommit,
+    file_lease_name,
+    reserve,
+)
 from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.metadata import (
-    METADATA_FILE,
     OperatorSnapshot,
     SnapshotFile,
     SnapshotFormat,
     SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
-    write_metadata,
 )
 from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.restore import restore_snapshot
@@ -56,8 +60,6 @@ from state_engine.checkpoint.state import (
 from state_engine.checkpoint.storage import (
     CheckpointStorage,
     SnapshotDir,
-    format_checksum,
-    remove_empty_dirs,
 )
 from state_engine.checkpoint.strategies import (
     CanonicalSnapshotStrategy,
@@ -76,15 +78,7 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
-
-FORMATS = ("canonical", "native", "delta")
-KINDS = ("CHECKPOINT", "SAVEPOINT")
-FILE_LEASE_TTL_S = 120.0
-
-
-def file_lease_name(job: str) -> str:
-    """The lease that guards deleting a job's snapshot files (shared with expire/orphan jobs)."""
-    return f"statekeeper/{job}/files"
+from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotStatus
 
 
 @dataclass
@@ -102,6 +96,7 @@ class SnapshotStats:
 
 @dataclass
 class _Job:
+    commit: PendingCommit
     record: SnapshotRecord
     snapshot: SnapshotDir
     kind: SnapshotKind
@@ -191,10 +186,10 @@ class CheckpointManager:
         verify_checksums: bool = False,
         fork_writer: bool = True,
     ) -> None:
-        if format not in FORMATS:
+        if format not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
                 f"checkpoint format {format!r} of job {job!r} is unknown; use one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         if retained < 1 or full_every < 1:
             raise InvalidSnapshotRequest(
@@ -209,7 +204,7 @@ class CheckpointManager:
         self.parallelism = parallelism
         self.format = format
         self.retained = retained
-        self.incremental = incremental or format == "delta"
+        self.incremental = incremental or format == SnapshotFormat.DELTA.option
         self.full_every = full_every
         self.row_group_bytes = row_group_bytes
         self.verify_checksums = verify_checksums
@@ -235,7 +230,7 @@ class CheckpointManager:
         self,
         subtasks: Sequence[SubtaskState],
         *,
-        kind: str = "CHECKPOINT",
+        kind: str = SnapshotKind.CHECKPOINT,
         savepoint_dir: str | None = None,
         trigger: str = "periodic",
         format: str | None = None,
@@ -254,7 +249,8 @@ class CheckpointManager:
             and not self._force_full
         )
         parent = self._last_completed if incremental else None
-        record, snap = self._begin(kind_, fmt, parallelism, savepoint_dir, trigger, parent)
+        commit = self._begin(kind_, fmt, parallelism, savepoint_dir, trigger, parent)
+        record, snap = commit.record, commit.snapshot
         ctx = WriteContext(
             snapshot=snap,
             checkpoint_id=record.checkpoint_id,
@@ -269,8 +265,11 @@ class CheckpointManager:
         try:
             for st in subtasks:
                 for uid in sorted(st.keyed):
-                    strategy = strategies[(st.subtask_index, uid)]
-                    captures.append(strategy.capture(uid, st.subtask_index, ctx))
+                    strategy = strategies.get((st.subtask_index, uid))
+                    backend = st.keyed[uid]
+                    captures.append(
+                        self._capture(strategy, uid, st.subtask_index, backend, fmt, record, ctx)
+                    )
             operator_rows = {
                 uid: {
                     st.subtask_index: (
@@ -286,9 +285,10 @@ class CheckpointManager:
             for c in captures:
                 with contextlib.suppress(Exception):
                     c.release()
-            self._abandon(record, snap, exc)
+            self._abandon(commit, exc)
             raise
         job = _Job(
+            commit=commit,
             record=record,
             snapshot=snap,
             kind=kind_,
@@ -322,7 +322,7 @@ class CheckpointManager:
             return  # no fork (out of processes or memory): the checkpoint thread writes instead
         except BaseException as exc:
             self._release(job.captures)
-            self._abandon(job.record, job.snapshot, exc)
+            self._abandon(job.commit, exc)
             raise
         self._release(job.captures)
 
@@ -347,13 +347,15 @@ class CheckpointManager:
 
     def _format_for(self, kind: SnapshotKind, override: str | None) -> SnapshotFormat:
         fmt = override if override is not None else self.format
-        if fmt not in FORMATS:
+        if fmt not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
                 f"snapshot format {fmt!r} for job {self.job!r} is unknown; use one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         # a savepoint is self-contained: a delta chain would reach into other snapshots
-        if kind is SnapshotKind.SAVEPOINT and (override is None or fmt == "delta"):
+        if kind is SnapshotKind.SAVEPOINT and (
+            override is None or fmt == SnapshotFormat.DELTA.option
+        ):
             return SnapshotFormat.CANONICAL
         return SnapshotFormat(fmt.upper())
 
@@ -392,6 +394,8 @@ class CheckpointManager:
         out: dict[tuple[int, str], SnapshotStrategy] = {}
         for st in subtasks:
             for uid, b in st.keyed.items():
+                if getattr(b, "remote_capture", None) is not None:
+                    continue  # its worker process picks the strategy (see _capture)
                 try:
                     strategy = b.snapshot_strategy(fmt)
                 except InvalidSnapshotRequest as exc:
@@ -412,38 +416,35 @@ class CheckpointManager:
         savepoint_dir: str | None,
         trigger: str,
         parent: SnapshotRecord | None,
-    ) -> tuple[SnapshotRecord, SnapshotDir]:
-        for _ in range(20):
-            latest = self.catalog.list_snapshots(self.job, limit=1)
-            cid = (latest[0].checkpoint_id + 1) if latest else 1
-            if kind is SnapshotKind.CHECKPOINT:
-                snap = self.storage.checkpoint(self.job, cid)
-            else:
-                snap = self.storage.savepoint(self.job, cid, savepoint_dir)
-            try:
-                record = self.catalog.begin_snapshot(
-                    self.job,
-                    location=snap.url,
-                    parallelism=parallelism,
-                    kind=str(kind),
-                    format=str(fmt),
-                    checkpoint_id=cid,
-                    parent_id=parent.id if parent is not None else None,
-                    max_parallelism=self.max_parallelism,
-                    trigger=trigger,
-                )
-            except CommitConflict:
-                continue  # another writer took this checkpoint id: take the next
-            if snap.has_metadata():
-                self.catalog.fail_snapshot(record.id, error="directory already committed")
-                raise InvalidSnapshotRequest(
-                    f"snapshot directory {snap.url} already holds a committed {METADATA_FILE}; "
-                    "snapshots are never overwritten: choose another savepoint directory"
-                )
-            return record, snap
-        raise InvalidSnapshotRequest(
-            f"could not reserve a checkpoint id for job {self.job!r}: others keep taking them"
+    ) -> PendingCommit:
+        return reserve(
+            self.catalog,
+            self.storage,
+            self.job,
+            kind=kind,
+            format=fmt,
+            parallelism=parallelism,
+            max_parallelism=self.max_parallelism,
+            trigger=trigger,
+            savepoint_dir=savepoint_dir,
+            parent_id=parent.id if parent is not None else None,
         )
+
+    def _capture(
+        self,
+        strategy: SnapshotStrategy | None,
+        uid: str,
+        index: int,
+        backend: KeyedStateBackend,
+        fmt: SnapshotFormat,
+        record: SnapshotRecord,
+        ctx: WriteContext,
+    ) -> Capture[Any]:
+        remote = getattr(backend, "remote_capture", None)
+        if remote is not None:  # a subtask in a worker process captures and writes it there
+            return remote(fmt, uid, index, record, ctx)  # type: ignore[no-any-return]
+        assert strategy is not None
+        return strategy.capture(uid, index, ctx)
 
     # --- asynchronous phase ---
 
@@ -474,12 +475,8 @@ class CheckpointManager:
             with job.lock:
                 ctx.check()  # a cancel after this point is refused: the commit starts
                 job.committed = True
-            write_metadata(job.snapshot, None, meta)
-            crash_point("checkpoint.after_metadata")
             total_bytes, entries = job.catalog_totals
-            record = self.catalog.complete_snapshot(
-                job.record.id, job.record.version, bytes=total_bytes, entries=entries
-            )
+            record = job.commit.complete(meta, bytes=total_bytes, entries=entries)
             crash_point("checkpoint.after_complete")
         except BaseException as exc:
             if job.committed and self._completed_in_catalog(job.record.id):
@@ -489,7 +486,7 @@ class CheckpointManager:
             job.committed = False
             if job.child is not None:
                 job.child.kill(ctx.created.append)  # files it reported are removed below
-            self._abandon(job.record, job.snapshot, exc, created=ctx.created)
+            self._abandon(job.commit, exc, created=ctx.created)
             raise
         finally:
             with self._lock:
@@ -502,7 +499,7 @@ class CheckpointManager:
 
     def _completed_in_catalog(self, snapshot_id: int) -> bool:
         try:
-            return self.catalog.get_snapshot(snapshot_id).status == "COMPLETED"
+            return self.catalog.get_snapshot(snapshot_id).status is SnapshotStatus.COMPLETED
         except StatekeeperError:
             return False  # the catalog cannot say: treat the commit as not done, as before
 
@@ -634,52 +631,7 @@ class CheckpointManager:
                 )
                 self._registered_states[(op.operator_id, name)] = m
 
-    def _url(self, snap: SnapshotDir, relative: str) -> str:
-        return snap.fs.unstrip_protocol(snap.resolve(relative))
-
     def _attach(self, job: _Job, meta: SnapshotMetadata, results: list[SubtaskResult]) -> None:
-        snap = job.snapshot
-        refs: list[FileRef] = []
-        by_path = {f.path: f for f in meta.files}
-        for op in meta.operators:
-            for st in op.subtasks:
-                for p in st.files:
-                    f = by_path[p]
-                    refs.append(
-                        FileRef(
-                            self._url(snap, p),
-                            f.size,
-                            f.checksum,
-                            shared=f.shared,
-                            operator=op.operator_id,
-                            subtask=st.index,
-                            key_group_start=st.key_group_range[0],
-                            key_group_end=st.key_group_range[1],
-                            details={"kind": str(f.kind)},
-                        )
-                    )
-            for p in op.operator_state_files:
-                f = by_path[p]
-                refs.append(
-                    FileRef(
-                        self._url(snap, p),
-                        f.size,
-                        f.checksum,
-                        operator=op.operator_id,
-                        details={"kind": str(f.kind)},
-                    )
-                )
-        data = meta.to_json()
-        import zlib
-
-        refs.append(
-            FileRef(
-                snap.fs.unstrip_protocol(snap.metadata_path),
-                len(data),
-                format_checksum(zlib.crc32(data)),
-                details={"kind": METADATA_FILE},
-            )
-        )
         stats: list[KeyGroupStatRow] = []
         for uid in sorted({r.operator_uid for r in results}):
             merged: dict[int, KeyGroupStats] = {}
@@ -689,13 +641,8 @@ class CheckpointManager:
             stats.extend(
                 KeyGroupStatRow(uid, kg, s.rows, s.bytes) for kg, s in sorted(merged.items())
             )
-        # The attach commits on its own: once it returns, the catalog knows the files, and a
-        # concurrent orphan cleanup judges them as referenced (no write lock held meanwhile).
-        self.catalog.attach_files(job.record.id, refs)
-        self.catalog.record_key_group_stats(job.record.id, stats)
-        # what complete_snapshot would otherwise sum up again in SQL
-        sizes = {r.path: r.size for r in refs}
-        job.catalog_totals = (sum(sizes.values()), sum(s.rows for s in stats))
+        job.catalog_totals = job.commit.attach(meta, stats)
+        by_path = {f.path: f for f in meta.files}
         job.stats.bytes_written = sum(r.bytes_written for r in results) + sum(
             by_path[p].size for op in meta.operators for p in op.operator_state_files
         )
@@ -765,15 +712,12 @@ class CheckpointManager:
                 if rel.startswith("shared/"):
                     self.registry.forget(["../" + rel])
             self.catalog.forget_files(self.job, [f.path for f in files], lease=lease, token=token)
-            fs = self.storage.fs
             for f in files:
-                path = fs._strip_protocol(f.path)
-                if fs.exists(path):
-                    fs.rm_file(path)
+                if self.storage.delete(f.path):
                     crash_point("checkpoint.during_release")
                 deleted.append(f.path)
-            remove_empty_dirs(
-                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)], fs=fs
+            self.storage.remove_empty_dirs(
+                (posixpath.dirname(f.path) for f in files), [self.storage.url_of(self.job)]
             )
         finally:
             with contextlib.suppress(LeaseError):
@@ -781,24 +725,11 @@ class CheckpointManager:
         return deleted
 
     def _abandon(
-        self,
-        record: SnapshotRecord,
-        snap: SnapshotDir,
-        exc: BaseException,
-        created: Sequence[str] = (),
+        self, commit: PendingCommit, exc: BaseException, created: Sequence[str] = ()
     ) -> None:
-        """Leave nothing of a failed or cancelled snapshot: files, then the catalog row."""
-        with contextlib.suppress(Exception):
-            for rel in created:
-                path = snap.resolve(rel)
-                if snap.fs.exists(path):
-                    snap.fs.rm_file(path)
-            self.storage.discard(snap)
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-            self.catalog.fail_snapshot(record.id, error=error)
-        with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-            self.catalog.discard_snapshot(record.id)
+        """Leave nothing of a failed or cancelled snapshot: its row ends DISCARDED, its files
+        (``created``: also those outside its directory, e.g. ``shared/`` uploads) are removed."""
+        commit.abort(exc, created=created, discard=True, storage=self.storage)
         with contextlib.suppress(Exception):
             self.collect_garbage()
 
@@ -856,7 +787,7 @@ class CheckpointManager:
             self._to_confirm.clear()
             if mode is RestoreMode.CLAIM:
                 rec = restored.snapshot
-                if rec.kind == "CHECKPOINT" and rec.job_id == self.job_record.id:
+                if rec.kind is SnapshotKind.CHECKPOINT and rec.job_id == self.job_record.id:
                     self._owned[rec.id] = rec
                     self._last_completed = rec
                     self.registry.register(files)

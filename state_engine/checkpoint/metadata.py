@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fsspec import AbstractFileSystem
-
 from state_engine.checkpoint.storage import (
     CHECKSUM_ALGORITHM,
     METADATA_FILE,
     CheckpointStorage,
+    FileSystem,
     SnapshotDir,
     normalize_relative,
 )
@@ -36,19 +35,9 @@ from state_engine.errors import (
     SnapshotFileMismatch,
     UnsupportedMetadataVersion,
 )
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 FORMAT_VERSION = 1
-
-
-class SnapshotKind(StrEnum):
-    CHECKPOINT = "CHECKPOINT"
-    SAVEPOINT = "SAVEPOINT"
-
-
-class SnapshotFormat(StrEnum):
-    CANONICAL = "CANONICAL"
-    DELTA = "DELTA"
-    NATIVE = "NATIVE"
 
 
 class FileKind(StrEnum):
@@ -456,7 +445,7 @@ def _is_hex(s: str) -> bool:
 
 
 def snapshot_dir_of(
-    source: CheckpointStorage | AbstractFileSystem | SnapshotDir | str, snapshot: str | None = None
+    source: CheckpointStorage | FileSystem | SnapshotDir | str, snapshot: str | None = None
 ) -> SnapshotDir:
     """Resolve where a snapshot lives.
 
@@ -469,10 +458,10 @@ def snapshot_dir_of(
         if snapshot is None:
             raise TypeError("read_metadata(storage, snapshot): name the snapshot directory")
         return source.snapshot(snapshot)
-    if isinstance(source, AbstractFileSystem):
+    if isinstance(source, FileSystem):
         if snapshot is None:
             raise TypeError("read_metadata(fs, snapshot): name the snapshot path on fs")
-        return SnapshotDir(source, source._strip_protocol(snapshot))
+        return SnapshotDir.on(source, snapshot)
     if isinstance(source, str) and snapshot is None:
         return SnapshotDir.from_url(source)
     raise TypeError(
@@ -481,7 +470,7 @@ def snapshot_dir_of(
 
 
 def read_metadata(
-    source: CheckpointStorage | AbstractFileSystem | SnapshotDir | str, snapshot: str | None = None
+    source: CheckpointStorage | FileSystem | SnapshotDir | str, snapshot: str | None = None
 ) -> SnapshotMetadata:
     """Read and validate a snapshot's ``_metadata`` (MissingMetadata if it never committed)."""
     snap = snapshot_dir_of(source, snapshot)
@@ -503,7 +492,7 @@ def write_metadata(
     snap = target if isinstance(target, SnapshotDir) else target.snapshot(snapshot_dir or "")
     validate(meta, snap.url)
     if meta.kind is SnapshotKind.SAVEPOINT and snap.allow_shared:
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+        snap = snap.self_contained()
     if check_files:
         verify(snap, meta)
     snap.commit_metadata(meta.to_json())

@@ -18,7 +18,6 @@ check out.
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +27,15 @@ from state_engine.backends.operator_state import (
     OperatorStateMeta,
     group_by_subtask,
 )
-from state_engine.catalog.records import FileRef, SnapshotRecord
+from state_engine.catalog.records import SnapshotRecord
 from state_engine.checkpoint.canonical import (
     batches_to_entries,
     read_key_groups,
     read_operator_state,
 )
+from state_engine.checkpoint.commit import register
 from state_engine.checkpoint.delta import read_folded
 from state_engine.checkpoint.metadata import (
-    METADATA_FILE,
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
@@ -52,7 +51,7 @@ from state_engine.checkpoint.state import (
     StateBackendFactory,
     SubtaskState,
 )
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir, format_checksum
+from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import (
     IncompatibleSerializer,
     InvalidParallelism,
@@ -71,6 +70,7 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
@@ -111,11 +111,11 @@ def resolve_snapshot(
 
 
 def _check_status(record: SnapshotRecord) -> SnapshotRecord:
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         fix = {
-            "PENDING": "it is still being written (or its writer died): wait for it, or restore "
-            "an earlier COMPLETED one",
-            "FAILED": "it never completed: restore an earlier COMPLETED one",
+            SnapshotStatus.PENDING: "it is still being written (or its writer died): wait for "
+            "it, or restore an earlier COMPLETED one",
+            SnapshotStatus.FAILED: "it never completed: restore an earlier COMPLETED one",
         }.get(record.status, "its files may be gone: restore a COMPLETED one")
         raise SnapshotNotRestorable(
             f"snapshot {record.id} ({record.kind.lower()} {record.checkpoint_id} of job "
@@ -127,8 +127,8 @@ def _check_status(record: SnapshotRecord) -> SnapshotRecord:
 
 def _dir_of(manager: CheckpointManager, record: SnapshotRecord) -> SnapshotDir:
     snap = manager.storage.snapshot(record.location)
-    if record.kind == "SAVEPOINT":
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+    if record.kind is SnapshotKind.SAVEPOINT:
+        snap = snap.self_contained()
     return snap
 
 
@@ -192,7 +192,7 @@ def restore_snapshot(
             "them: restore it from there, or take a savepoint"
         )
     if record is None:
-        snap = SnapshotDir(snap.fs, snap.path, allow_shared=False)
+        snap = snap.self_contained()
     verify(snap, meta, deep=manager.verify_checksums)
     where = snap.url
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
@@ -274,59 +274,7 @@ def register_savepoint(
     manager: CheckpointManager, snap: SnapshotDir, meta: SnapshotMetadata
 ) -> SnapshotRecord:
     """Record a savepoint directory the catalog does not know (e.g. relocated) as COMPLETED."""
-    cat = manager.catalog
-    record = cat.begin_snapshot(
-        manager.job,
-        location=snap.url,
-        parallelism=meta.parallelism,
-        kind="SAVEPOINT",
-        format=str(meta.format),
-        max_parallelism=meta.max_parallelism,
-        trigger="relocated",
-    )
-    try:
-        refs = []
-        for op in meta.operators:
-            for st in op.subtasks:
-                refs.extend(
-                    FileRef(
-                        snap.fs.unstrip_protocol(snap.resolve(p)),
-                        meta.file(p).size,
-                        meta.file(p).checksum,
-                        operator=op.operator_id,
-                        subtask=st.index,
-                        key_group_start=st.key_group_range[0],
-                        key_group_end=st.key_group_range[1],
-                    )
-                    for p in st.files
-                )
-            refs.extend(
-                FileRef(
-                    snap.fs.unstrip_protocol(snap.resolve(p)),
-                    meta.file(p).size,
-                    meta.file(p).checksum,
-                    operator=op.operator_id,
-                )
-                for p in op.operator_state_files
-            )
-        data = snap.read_metadata_bytes()
-        refs.append(
-            FileRef(
-                snap.fs.unstrip_protocol(snap.metadata_path),
-                len(data),
-                format_checksum(zlib.crc32(data)),
-                details={"kind": METADATA_FILE},
-            )
-        )
-        cat.attach_files(record.id, refs)
-        return cat.complete_snapshot(record.id, record.version)
-    except BaseException as exc:
-        # Separately: a failed first step must not leave the snapshot PENDING.
-        with contextlib.suppress(Exception):
-            cat.fail_snapshot(record.id, error=f"registering relocated savepoint: {exc}"[:2000])
-        with contextlib.suppress(Exception):
-            cat.discard_snapshot(record.id)
-        raise
+    return register(manager.catalog, manager.job, snap, meta, trigger="relocated")
 
 
 def _overlap(st: SubtaskSnapshot, rng: KeyGroupRange) -> KeyGroupRange:

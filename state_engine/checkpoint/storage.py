@@ -21,10 +21,10 @@ import os
 import posixpath
 import uuid
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import fsspec
 import fsspec.core
@@ -85,11 +85,41 @@ class FileInfo:
 
 @dataclass(frozen=True)
 class StoredFile:
-    """A file found under a job's root, for orphan cleanup: path relative to the job root."""
+    """A file found by a listing: path relative to the listed directory, size, and the store's
+    modification time in seconds since the epoch (None when the store reports none)."""
 
     path: str
     size: int
+    modified_at: float | None
+
+    @property
+    def modified(self) -> datetime | None:
+        """The modification time as an aware datetime (None when unknown)."""
+        return None if self.modified_at is None else datetime.fromtimestamp(self.modified_at, UTC)
+
+    @property
+    def mtime(self) -> float:
+        """``modified_at``, 0.0 when unknown."""
+        return self.modified_at if self.modified_at is not None else 0.0
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    """One child of a directory: its path on the file system, whether it is a directory, size
+    and modification time."""
+
+    path: str
+    is_dir: bool
+    size: int
     modified: datetime | None
+
+    @property
+    def mtime(self) -> float:
+        return self.modified.timestamp() if self.modified is not None else 0.0
+
+
+#: The file system type behind a store (for type hints; only this module calls it).
+FileSystem: TypeAlias = AbstractFileSystem
 
 
 def format_checksum(crc: int) -> str:
@@ -155,7 +185,9 @@ def _is_checkpoint_dir(name: str) -> bool:
     return name.startswith("chk-") and digits.isdigit() and digits == str(int(digits))
 
 
-def resolve_storage(url: str, storage_options: dict[str, Any] | None = None):
+def resolve_storage(
+    url: str, storage_options: dict[str, Any] | None = None
+) -> tuple[AbstractFileSystem, str]:
     """``fsspec.core.url_to_fs`` with errors that say which schemes would work."""
     if not isinstance(url, str) or not url.strip():
         raise UnknownStorageScheme(
@@ -246,6 +278,263 @@ def _modified(info: dict[str, Any]) -> datetime | None:
                 continue
             return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
     return None
+
+
+def _walk_local(root: str, stat: bool) -> Iterator[tuple[str, int, float | None]]:
+    """(path, size, mtime) of every file under local directory ``root``; without ``stat`` size
+    and mtime are 0 and None. A link to a directory is walked, as fsspec's find does; a directory
+    or file removed during the walk (a running job subsumed a checkpoint) is skipped."""
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir():
+                        stack.append(entry.path)
+                        continue
+                    if not stat:
+                        yield entry.path, 0, None
+                        continue
+                    st = entry.stat()
+                except FileNotFoundError:  # gone meanwhile, or a dangling link: its own stat
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                yield entry.path, st.st_size, st.st_mtime
+
+
+def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
+    proto = fs.protocol
+    return tuple(proto) if isinstance(proto, tuple | list) else (proto,)
+
+
+class FileStore:
+    """A file system reached through URLs: the one door to fsspec.
+
+    Paths are the file system's own (a URL without its scheme, e.g. ``/var/ckpt/x`` or
+    ``bucket/x``); :meth:`path_of` and :meth:`url_of` convert. Listings are one call
+    (``find(detail=True)``), never a stat per file, so they stay cheap on object stores.
+    """
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        self._fs = fs
+        self._local = isinstance(fs, LocalFileSystem)
+
+    @classmethod
+    def at(cls, url: str, storage_options: dict[str, Any] | None = None) -> tuple[FileStore, str]:
+        """The store of ``url`` and the path ``url`` names on it."""
+        fs, path = resolve_storage(url, storage_options)
+        return cls(fs), path
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.protocol!r})"
+
+    @property
+    def filesystem(self) -> FileSystem:
+        """The fsspec file system (for :class:`SnapshotDir` and pyarrow hand-offs)."""
+        return self._fs
+
+    @property
+    def protocol(self) -> str:
+        return _protocol(self._fs)
+
+    @property
+    def is_local(self) -> bool:
+        """Whether paths are local files (``file://``)."""
+        return self._local or bool({"file", "local"} & set(_protocols(self._fs)))
+
+    @property
+    def is_object_store(self) -> bool:
+        return _protocol(self._fs) in _OBJECT_STORE_PROTOCOLS
+
+    def handles(self, url: str) -> bool:
+        """Whether ``url`` (or a bare path) lives on this store's kind of file system."""
+        if "://" not in url:
+            return True
+        return url.split("://", 1)[0] in _protocols(self._fs)
+
+    # --- URL <-> path ---
+
+    def path_of(self, location: str) -> str:
+        """The path of ``location`` (a URL or a path) on this file system."""
+        if self._local and location.startswith("/") and "//" not in location:
+            return location.rstrip("/") or "/"
+        return str(self._fs._strip_protocol(location))
+
+    def url_of(self, path: str) -> str:
+        """The URL of ``path`` (a path on this file system, or a URL: made canonical)."""
+        if self._local and path.startswith("/") and "//" not in path:
+            return "file://" + path
+        return str(self._fs.unstrip_protocol(self._fs._strip_protocol(path)))
+
+    # --- queries ---
+
+    def exists(self, path: str) -> bool:
+        return bool(self._fs.exists(path))
+
+    def isdir(self, path: str) -> bool:
+        return bool(self._fs.isdir(path))
+
+    def size(self, path: str) -> int:
+        return int(self._fs.info(path)["size"])
+
+    def find(self, path: str) -> list[StoredFile]:
+        """Every file under ``path`` (relative to it), sorted; [] if it does not exist."""
+        base = path.rstrip("/") or "/"
+        skip = len(base) + (0 if base.endswith("/") else 1)
+        if self.is_local:
+            # a scandir walk: a third of fsspec's find, which builds an info dict per file
+            out = [StoredFile(p[skip:], size, mtime) for p, size, mtime in _walk_local(base, True)]
+        else:
+            if not self._fs.exists(base):
+                return []
+            out = []
+            for name, info in self._fs.find(base, detail=True).items():
+                modified = _modified(info)
+                out.append(
+                    StoredFile(
+                        name[skip:] if name.startswith(base) else posixpath.relpath(name, base),
+                        int(info.get("size") or 0),
+                        None if modified is None else modified.timestamp(),
+                    )
+                )
+        out.sort(key=lambda f: f.path)
+        return out
+
+    def file_paths(self, path: str) -> list[str]:
+        """The path of every file under ``path``, unsorted, without sizes: on local storage no
+        stat per file (what a caller needs when only which files exist matters)."""
+        base = path.rstrip("/") or "/"
+        if self.is_local:
+            return [p for p, _, _ in _walk_local(base, False)]
+        if not self._fs.exists(base):
+            return []
+        return [str(p) for p in self._fs.find(base)]
+
+    def modified(self, path: str) -> datetime | None:
+        """When ``path`` was last modified, as the store reports it (None when it does not)."""
+        return _modified(self._fs.info(path))
+
+    def ls(self, path: str) -> list[DirEntry]:
+        """The children of directory ``path``."""
+        return [
+            DirEntry(
+                info["name"].rstrip("/"),
+                info.get("type") == "directory",
+                int(info.get("size") or 0),
+                _modified(info),
+            )
+            for info in self._fs.ls(path, detail=True)
+        ]
+
+    def is_empty_dir(self, path: str) -> bool:
+        return not self._fs.ls(path, detail=False)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(self._fs.glob(pattern))
+
+    # --- reads ---
+
+    def open_read(self, path: str, **kwargs: Any) -> Any:
+        return self._fs.open(path, "rb", **kwargs)
+
+    def read_bytes(self, path: str, start: int | None = None, size: int | None = None) -> bytes:
+        """The bytes of ``path`` (or of ``size`` bytes from ``start``)."""
+        if start is None:
+            return bytes(self._fs.cat_file(path))
+        with self._fs.open(path, "rb") as f:
+            f.seek(start)
+            return bytes(f.read(-1 if size is None else size))
+
+    # --- writes and deletes ---
+
+    def open_write(self, path: str) -> Any:
+        """A scratch file opened for writing (created or replaced; parents made): for files that
+        are never part of a snapshot, such as spills. Snapshot files use SnapshotDir.create."""
+        parent = posixpath.dirname(path)
+        if parent:
+            self._fs.makedirs(parent, exist_ok=True)
+        return self._fs.open(path, "wb")
+
+    def makedirs(self, path: str) -> None:
+        self._fs.makedirs(path, exist_ok=True)
+
+    def delete(self, path: str) -> bool:
+        """Remove file ``path``; False if it was already gone."""
+        try:
+            self._fs.rm_file(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def delete_tree(self, path: str) -> bool:
+        """Remove directory ``path`` and everything under it; False if it did not exist."""
+        if not self._fs.exists(path):
+            return False
+        self._fs.rm(path, recursive=True)
+        return True
+
+    def rmdir(self, path: str) -> None:
+        self._fs.rmdir(path)
+
+
+def locate(url: str, storage_options: dict[str, Any] | None = None) -> tuple[FileStore, str]:
+    """The store of ``url`` and its path there (``FileStore.at``)."""
+    return FileStore.at(url, storage_options)
+
+
+def canonical_url(url: str, storage_options: dict[str, Any] | None = None) -> str:
+    """``url`` as the stores spell it (``/x`` -> ``file:///x``), without a trailing slash."""
+    store, path = FileStore.at(url, storage_options)
+    return store.url_of(path).rstrip("/")
+
+
+def open_url(url: str, storage_options: dict[str, Any] | None = None) -> Any:
+    """``url`` opened for reading."""
+    store, path = FileStore.at(url, storage_options)
+    return store.open_read(path)
+
+
+def url_exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    store, path = FileStore.at(url, storage_options)
+    return store.exists(path)
+
+
+def list_url(url: str, storage_options: dict[str, Any] | None = None) -> list[StoredFile]:
+    """Every file under ``url`` (paths relative to it), one listing call; [] if it is gone."""
+    store, path = FileStore.at(url, storage_options)
+    return store.find(path)
+
+
+def delete_url(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Remove the file at ``url``; False if it was already gone."""
+    store, path = FileStore.at(url, storage_options)
+    return store.delete(path)
+
+
+def delete_each(
+    urls: Iterable[str], after_each: Callable[[], object] | None = None
+) -> list[str | None]:
+    """Remove each of ``urls``: the URL when it was removed, None when it was already gone.
+
+    Usable as a Spark ``mapPartitions`` function: an executor imports this module only.
+    ``after_each`` runs after every removal (a crash point in tests).
+    """
+    out: list[str | None] = []
+    for url in urls:
+        if delete_url(url):
+            if after_each is not None:
+                after_each()
+            out.append(url)
+        else:
+            out.append(None)
+    return out
 
 
 class SnapshotFileWriter:
@@ -351,13 +640,13 @@ class CountingReader:
         data = self._raw.read(n)
         if self._stats is not None:
             self._stats.bytes_read += len(data)
-        return data
+        return bytes(data)
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return self._raw.seek(offset, whence)
+        return int(self._raw.seek(offset, whence))
 
     def tell(self) -> int:
-        return self._raw.tell()
+        return int(self._raw.tell())
 
     def size(self) -> int:
         if self._size is None:
@@ -427,8 +716,11 @@ def _exists(fs: AbstractFileSystem, abs_path: str, where: str) -> SnapshotFileEx
 class SnapshotDir:
     """One snapshot directory on a filesystem: resolve, write, read and commit its files."""
 
-    def __init__(self, fs: AbstractFileSystem, path: str, *, allow_shared: bool = True) -> None:
-        self.fs = fs
+    def __init__(
+        self, fs: AbstractFileSystem | FileStore, path: str, *, allow_shared: bool = True
+    ) -> None:
+        self.store = fs if isinstance(fs, FileStore) else FileStore(fs)
+        self.fs = self.store.filesystem
         self.path = path.rstrip("/") or "/"
         self.allow_shared = allow_shared
 
@@ -439,12 +731,45 @@ class SnapshotDir:
         fs, path = resolve_storage(url, storage_options)
         return cls(fs, path, allow_shared=allow_shared)
 
+    @classmethod
+    def on(cls, fs: FileSystem, location: str) -> SnapshotDir:
+        """The snapshot at ``location`` (a URL or a path) on file system ``fs``."""
+        store = FileStore(fs)
+        return cls(store, store.path_of(location))
+
+    def self_contained(self) -> SnapshotDir:
+        """This directory read as a savepoint: no ``../shared/`` paths."""
+        if not self.allow_shared:
+            return self
+        return SnapshotDir(self.store, self.path, allow_shared=False)
+
     @property
     def url(self) -> str:
-        return self.fs.unstrip_protocol(self.path)
+        return str(self.fs.unstrip_protocol(self.path))
 
-    def __repr__(self) -> str:
-        return f"SnapshotDir({self.url!r})"
+    def url_of(self, relative_path: str) -> str:
+        """The URL of a snapshot-relative path (validated)."""
+        return str(self.fs.unstrip_protocol(self.resolve(relative_path)))
+
+    @property
+    def metadata_url(self) -> str:
+        return str(self.fs.unstrip_protocol(self.metadata_path))
+
+    def exists(self) -> bool:
+        """Whether the directory exists (anything was written to it)."""
+        return bool(self.fs.exists(self.path))
+
+    def has_file(self, relative_path: str) -> bool:
+        return bool(self.fs.exists(self.resolve(relative_path)))
+
+    def remove_file(self, relative_path: str) -> bool:
+        """Remove one file of the snapshot; False if it was already gone."""
+        return self.store.delete(self.resolve(relative_path))
+
+    def remove(self) -> bool:
+        """Remove the directory and everything in it (a snapshot that never completed);
+        False if it did not exist. :meth:`CheckpointStorage.discard` adds the safety checks."""
+        return self.store.delete_tree(self.path)
 
     def resolve(self, relative_path: str) -> str:
         """The absolute filesystem path of a snapshot-relative path (validated)."""
@@ -522,7 +847,7 @@ class SnapshotDir:
     def read_metadata_bytes(self) -> bytes:
         try:
             with self.fs.open(self.metadata_path, "rb") as f:
-                return f.read()
+                return bytes(f.read())
         except FileNotFoundError as exc:
             raise MissingMetadata(
                 f"snapshot {self.url} has no {METADATA_FILE}: it never completed (a checkpoint "
@@ -575,6 +900,7 @@ class CheckpointStorage:
         self.root_url = root_url
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = resolve_storage(root_url, self.storage_options)
+        self.store = FileStore(self.fs)
         if _protocol(self.fs) in _OBJECT_STORE_PROTOCOLS:
             self.probe()
 
@@ -598,7 +924,7 @@ class CheckpointStorage:
                 raise
 
     def url_of(self, relative_path: str = "") -> str:
-        return self.fs.unstrip_protocol(self._abs(relative_path))
+        return str(self.fs.unstrip_protocol(self._abs(relative_path)))
 
     def _abs(self, relative_path: str) -> str:
         if not relative_path:
@@ -705,22 +1031,69 @@ class CheckpointStorage:
         return removed
 
     def list_files(self, job: str) -> list[StoredFile]:
-        """Every file under the job's root with size and modification time."""
-        base = self._abs(self.job_dir(job))
-        if not self.fs.exists(base):
-            return []
-        found = self.fs.find(base, detail=True)
-        return sorted(
-            (
-                StoredFile(
-                    path=posixpath.relpath(name, base),
-                    size=int(info.get("size") or 0),
-                    modified=_modified(info),
-                )
-                for name, info in found.items()
-            ),
-            key=lambda f: f.path,
+        """Every file under the job's root with size and modification time (one listing)."""
+        return self.store.find(self._abs(self.job_dir(job)))
+
+    # --- any location: a URL, or a path relative to the root ---
+
+    def locate(self, location: str) -> tuple[FileStore, str]:
+        """The store and path of ``location``: a URL (on this store's file system, with its
+        options, or on its own), an absolute path on this file system, or a root-relative path."""
+        if "://" in location:
+            if self.store.handles(location):
+                return self.store, self.store.path_of(location)
+            return FileStore.at(location)
+        if location.startswith("/"):
+            return self.store, self.store.path_of(location)
+        return self.store, self._abs(location)
+
+    def path_of(self, location: str) -> str:
+        """The file-system path of ``location`` (see :meth:`locate`)."""
+        return self.locate(location)[1]
+
+    def to_url(self, location: str) -> str:
+        """``location`` as a canonical URL (see :meth:`locate`)."""
+        store, path = self.locate(location)
+        return store.url_of(path)
+
+    def list_under(self, location: str) -> list[StoredFile]:
+        """Every file under ``location`` (paths relative to it), one listing call."""
+        store, path = self.locate(location)
+        return store.find(path)
+
+    def exists(self, location: str) -> bool:
+        store, path = self.locate(location)
+        return store.exists(path)
+
+    def delete(self, location: str) -> bool:
+        """Remove one file; False if it was already gone."""
+        store, path = self.locate(location)
+        return store.delete(path)
+
+    def delete_many(
+        self, locations: Iterable[str], after_each: Callable[[], object] | None = None
+    ) -> list[str]:
+        """Remove each file in ``locations``; returns those that existed (in order)."""
+        removed = []
+        for location in locations:
+            if self.delete(location):
+                if after_each is not None:
+                    after_each()
+                removed.append(location)
+        return removed
+
+    def remove_snapshot_dir(self, snapshot_dir: str | SnapshotDir) -> bool:
+        """Remove a snapshot directory and everything in it; False if it did not exist."""
+        snap = (
+            snapshot_dir if isinstance(snapshot_dir, SnapshotDir) else self.snapshot(snapshot_dir)
         )
+        return snap.remove()
+
+    def remove_empty_dirs(
+        self, urls: Iterable[str], stops: Iterable[str], keep: Iterable[str] = ()
+    ) -> int:
+        """:func:`remove_empty_dirs` on this storage's file system and options."""
+        return remove_empty_dirs(urls, stops, keep, storage=self)
 
 
 def _checkpoint_id(checkpoint_id: int) -> int:
@@ -736,11 +1109,11 @@ def remove_empty_dirs(
     urls: Iterable[str],
     stops: Iterable[str],
     keep: Iterable[str] = (),
-    fs: AbstractFileSystem | None = None,
+    storage: CheckpointStorage | None = None,
 ) -> int:
     """Remove each directory in ``urls`` and its empty parents, never a ``stops`` directory or
     anything above one, never a ``keep`` directory (a PENDING snapshot's) or ``shared/``;
-    returns how many were removed. ``fs`` (e.g. a storage's, with its options) is used when
+    returns how many were removed. ``storage`` (with its options) resolves the URLs when
     given; otherwise each URL's own file system."""
     stop_list = [s.rstrip("/") for s in stops]
     keep_set = {k.rstrip("/") for k in keep}
@@ -750,11 +1123,11 @@ def remove_empty_dirs(
         while any(d.startswith(s + "/") for s in stop_list):
             if d in keep_set or posixpath.basename(d) == "shared":
                 break
-            dfs, path = (fs, fs._strip_protocol(d)) if fs else fsspec.core.url_to_fs(d)
+            store, path = storage.locate(d) if storage is not None else FileStore.at(d)
             try:
-                if not dfs.exists(path) or dfs.ls(path, detail=False):
+                if not store.exists(path) or not store.is_empty_dir(path):
                     break
-                dfs.rmdir(path)
+                store.rmdir(path)
             except OSError:
                 break  # not empty after all (a writer just created a file): leave it
             removed += 1

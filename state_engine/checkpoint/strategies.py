@@ -28,10 +28,11 @@ from state_engine.checkpoint.canonical import (
     KeyGroupStats,
     WrittenFiles,
 )
-from state_engine.checkpoint.metadata import SnapshotFile, SnapshotFormat
+from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.storage import SHARED_DIR, SnapshotDir
 from state_engine.errors import SnapshotCancelled
+from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
     from state_engine.backends.base import KeyedStateBackend, KeyedStateView

@@ -28,9 +28,9 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from state_engine.runtime import (
     CollectedOutput,
@@ -90,6 +90,16 @@ CITIES: tuple[tuple[str, float, float], ...] = (
 )
 MERCHANTS = tuple(f"merchant-{i:03d}" for i in range(60))
 
+
+class StreamSize(TypedDict):
+    """The generated transaction stream's size: ``**size`` into :func:`build_job`,
+    :func:`reference_alerts` or :func:`write_transactions`."""
+
+    partitions: int
+    records_per_partition: int
+    cards_per_partition: int
+
+
 PROFILE = ValueStateDescriptor("profile", "json").enable_time_to_live(
     StateTtlConfig(PROFILE_TTL_MS)
 )
@@ -114,7 +124,9 @@ def _card_traits(partition: int, n: int) -> tuple[int, float, tuple[str, ...]]:
     return home, typical, favourites
 
 
-def make_transaction_fn(cards_per_partition: int):
+def make_transaction_fn(
+    cards_per_partition: int,
+) -> Callable[[int, int, random.Random], dict[str, Any]]:
     """``record_fn(partition, index, rng)`` for a GeneratorSource: one card transaction."""
     hot = max(1, cards_per_partition // 100)
 
@@ -194,7 +206,8 @@ def file_source(
 
 
 def card_of(transaction: dict[str, Any]) -> str:
-    return transaction["card"]
+    card: str = transaction["card"]
+    return card
 
 
 # --- the function ---

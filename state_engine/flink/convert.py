@@ -32,7 +32,6 @@ positions, sink state) is Flink-specific and is not converted (reported as skipp
 
 from __future__ import annotations
 
-import contextlib
 import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ from state_engine.serde import (
     StrSerializer,
     TypeSerializer,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE, NamespaceSerializer
 
@@ -270,7 +270,9 @@ def write_canonical(
             key_ser = _scalar(key_flink)
             rows: dict[int, list[StateEntry]] = defaultdict(list)
             hashes: dict[bytes, int] = {}
-            for _op, subtask, e in snapshot_entries(meta, op.uid or op.operator_id):
+            # canonical files decoded a whole state at a time (Arrow columns); the rows are
+            # sorted by key group and state below, a state's in stream order either way
+            for _op, subtask, e in snapshot_entries(meta, op.uid or op.operator_id, by_state=True):
                 plan = plans.get(e.state)
                 if plan is None:
                     continue
@@ -377,8 +379,7 @@ def _abort(snap: SnapshotDir, writers: list[CanonicalWriter], files: list[Snapsh
     for w in writers:
         w.abort()  # removes what an unfinished writer wrote; finished files go below
     for f in files:
-        with contextlib.suppress(FileNotFoundError):
-            snap.fs.rm_file(snap.resolve(f.path))
+        snap.remove_file(f.path)
 
 
 def run(
@@ -402,7 +403,8 @@ def run(
     import uuid
 
     from state_engine.flink.keyed_state import catalog_flink_metadata
-    from state_engine.jobs.commit import previous_output, run_tag
+    from state_engine.jobs.output import previous_output
+    from state_engine.jobs.run import run_tag
 
     meta = catalog_flink_metadata(catalog, snapshot)
     if meta is None:
@@ -447,28 +449,20 @@ def _convert(
     settings: Any,
 ) -> dict[str, Any]:
     from state_engine.catalog import KeyGroupStatRow
-    from state_engine.jobs.commit import (
-        abort_output,
-        begin_output,
-        commit_output,
-        previous_output,
-        storage_for,
-    )
+    from state_engine.jobs.output import output_snapshot
 
-    done = previous_output(catalog, record.job, tag)
-    if done is not None:
-        return _report(record, done, None, recovered=True)
-    out = begin_output(
+    with output_snapshot(
         catalog,
-        storage_for(catalog, record.job, settings),
         record.job,
-        kind="SAVEPOINT",
+        tag=tag,
+        settings=settings,
+        kind=SnapshotKind.SAVEPOINT,
         parallelism=max(1, meta.parallelism),
         max_parallelism=meta.max_parallelism,
-        tag=tag,
         savepoint_dir=savepoint_dir,
-    )
-    try:
+    ) as out:
+        if out.recovered:
+            return _report(record, out.record, None, recovered=True)
         conv = write_canonical(
             meta,
             out.snapshot,
@@ -485,10 +479,7 @@ def _convert(
                 for kg, s in sorted(per_kg.items())
             ],
         )
-        done = commit_output(catalog, out, conv.metadata, [])
-    except BaseException as exc:
-        abort_output(catalog, out, str(exc))
-        raise
+        done = out.commit(conv.metadata, [])
     return _report(record, done, conv, recovered=False)
 
 
@@ -534,7 +525,7 @@ def latest_flink_snapshot(catalog: Any, job: str) -> int | None:
     record = catalog.get_job(job)
     if getattr(record, "origin", "statekeeper") != "flink":
         return None
-    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+    for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
         if catalog_flink_metadata(catalog, snap.id) is not None:
             return int(snap.id)
     raise FlinkConversionError(

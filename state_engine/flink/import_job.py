@@ -26,15 +26,12 @@ from __future__ import annotations
 import posixpath
 import re
 import struct
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import fsspec.core
-from fsspec import AbstractFileSystem
-
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
 from state_engine.catalog.records import SnapshotRecord
+from state_engine.checkpoint.storage import FileStore
 from state_engine.errors import (
     FlinkDirectoryClaimed,
     FlinkImportError,
@@ -54,6 +51,7 @@ from state_engine.flink.metadata import (
     metadata_from_bytes,
     read_metadata,
 )
+from state_engine.snapshot_enums import SnapshotStatus
 
 ROLE_CHECKPOINTS = "flink-checkpoints"
 ROLE_SAVEPOINTS = "flink-savepoints"
@@ -65,35 +63,27 @@ JOB_DIR_PARTS = ("shared", "taskowned")
 
 @dataclass
 class Listing:
-    """One PATH: its file system, root, role and every file under it (stripped path -> size)."""
+    """One PATH: its store, root, role and every file under it (path on the store -> size; 0
+    for local directories, which are listed without a stat per file)."""
 
     url: str
-    fs: AbstractFileSystem
+    store: FileStore
     root: str
     role: str
     files: dict[str, int]
-    mtimes: dict[str, float] = field(default_factory=dict)
     _outside: dict[str, bool] = field(default_factory=dict)
 
-    @property
-    def _local(self) -> bool:
-        proto = self.fs.protocol
-        return "file" in (proto if isinstance(proto, tuple) else (proto,))
-
-    def _strip(self, location: str) -> str:
-        return self.fs._strip_protocol(location)
-
     def to_url(self, path: str) -> str:
-        return self.fs.unstrip_protocol(path)
+        return self.store.url_of(path)
 
     def exists(self, location: str) -> bool:
         """Whether ``location`` exists: from the listing under the root, asked elsewhere (a
         NO_CLAIM restore's ancestor files live outside the job's directory)."""
-        path = location if self._local and location.startswith("/") else self._strip(location)
+        path = self.store.path_of(location)
         if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
             return path in self.files
         if path not in self._outside:
-            self._outside[path] = bool(self.fs.exists(path))
+            self._outside[path] = self.store.exists(path)
         return self._outside[path]
 
     @property
@@ -103,8 +93,9 @@ class Listing:
     def metadata_files(self) -> list[str]:
         """Paths of the completed snapshots' ``_metadata`` under the root."""
         out = []
+        suffix = "/" + METADATA_FILE_NAME
         for p in self.files:
-            if posixpath.basename(p) != METADATA_FILE_NAME:
+            if not p.endswith(suffix):
                 continue
             parent = posixpath.dirname(p)
             depth = _depth(parent, self.root)
@@ -163,18 +154,20 @@ def _depth(path: str, root: str) -> int:
 
 def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> Listing | None:
     """List ``url`` once and classify it; None if it does not exist."""
-    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    store, root = FileStore.at(url, storage_options)
     root = root.rstrip("/") or "/"
-    if not fs.exists(root):
+    if not store.exists(root):
         return None
-    if not fs.isdir(root):
+    if not store.isdir(root):
         raise FlinkImportError(
             f"{url} is a file; give a Flink job's checkpoint directory "
             "(<checkpoint-dir>/<job-id>), a savepoint directory or a directory of savepoints"
         )
-    found = fs.find(root, detail=True)
-    files = {p: int(info.get("size") or 0) for p, info in found.items()}
-    mtimes = {p: _mtime(info) for p, info in found.items()}
+    if store.is_local:
+        # the import needs only which files exist: no stat per file
+        files = dict.fromkeys(store.file_paths(root), 0)
+    else:
+        files = {f"{root.rstrip('/')}/{f.path}": f.size for f in store.find(root)}
     children = {_child(p, root) for p in files}
     children.discard(None)
     top_dirs = {
@@ -194,13 +187,13 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
                 if CHK_DIR.match(posixpath.basename(posixpath.dirname(p)))
             }
         )
-        some = ", ".join(fs.unstrip_protocol(n) for n in nested[:3])
+        some = ", ".join(store.url_of(n) for n in nested[:3])
         hint = f"; it holds job directories: import one of {some}" if nested else ""
         raise FlinkImportError(
             f"{url} is not a Flink job checkpoint directory (chk-N/, shared/), a savepoint "
             f"directory (_metadata) or a directory of savepoints{hint}"
         )
-    return Listing(url, fs, root, role, files, mtimes)
+    return Listing(url, store, root, role, files)
 
 
 def _child(path: str, root: str) -> str | None:
@@ -209,39 +202,14 @@ def _child(path: str, root: str) -> str | None:
     return head if sep else None
 
 
-def _mtime(info: dict[str, Any]) -> float:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, int | float):
-            return float(value)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return 0.0
-
-
 def operator_key(uid: str, operator_id: str) -> str:
     """The catalog's operator uid of a Flink operator: its uid, or its id when it has none."""
     return uid or operator_id
 
 
-def url_maker(fs: AbstractFileSystem) -> Callable[[str], str]:
-    """``location -> catalog URL`` on ``fs``; local absolute paths without fsspec's per-call cost
-    (tens of thousands of shared files per import)."""
-    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-    def to_url(location: str) -> str:
-        if local and location.startswith("/") and "//" not in location:
-            return "file://" + location
-        return fs.unstrip_protocol(fs._strip_protocol(location))
-
-    return to_url
-
-
-def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileRef]:
+def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     """Catalog file references of one snapshot: ``_metadata`` and every on-disk handle."""
-    to_url = url_maker(fs)
+    to_url = store.url_of
 
     refs = [
         FileRef(
@@ -250,6 +218,7 @@ def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileR
             details={"role": "metadata", "kind": "exclusive"},
         )
     ]
+    operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
     for r in meta.file_references():
         h = r.handle
         assert h.location is not None
@@ -266,7 +235,7 @@ def file_refs(meta: FlinkSnapshotMetadata, fs: AbstractFileSystem) -> list[FileR
                 path=to_url(h.location),
                 size=h.size,
                 shared=r.role == ROLE_SHARED,
-                operator=_operator_of(meta, r.operator_id),
+                operator=operators.get(r.operator_id, r.operator_id),
                 subtask=r.subtask if r.subtask >= 0 else None,
                 key_group_start=kg.start if kg is not None and len(kg) else None,
                 key_group_end=kg.end if kg is not None and len(kg) else None,
@@ -283,7 +252,7 @@ def metadata_problems(
 
     ``attached``: catalog path -> size. Used by ``statectl verify`` for jobs of origin flink.
     """
-    fs, _ = fsspec.core.url_to_fs(location)
+    store, _ = FileStore.at(location)
     job_dir = (
         job_location
         if job_location and location.startswith(job_location.rstrip("/") + "/")
@@ -291,7 +260,7 @@ def metadata_problems(
     )
     meta = read_metadata(location, job_dir=job_dir)
     expected: dict[str, int] = {}
-    for ref in file_refs(meta, fs):
+    for ref in file_refs(meta, store):
         expected.setdefault(ref.path, ref.size)
     problems = []
     for path, size in sorted(expected.items()):
@@ -302,13 +271,6 @@ def metadata_problems(
     for path in sorted(set(attached) - set(expected)):
         problems.append(f"the catalog attached {path}, which it does not list")
     return problems
-
-
-def _operator_of(meta: FlinkSnapshotMetadata, operator_id: str) -> str:
-    for op in meta.operators:
-        if op.operator_id == operator_id:
-            return operator_key(op.uid, op.operator_id)
-    return operator_id
 
 
 def key_group_bytes(h: KeyedStateHandle) -> dict[int, int]:
@@ -430,8 +392,8 @@ def import_flink(
     for url in paths:
         listing = list_directory(url, storage_options)
         if listing is None:
-            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-            root_url = fs.unstrip_protocol(root.rstrip("/"))
+            store, root = FileStore.at(url, storage_options)
+            root_url = store.url_of(root.rstrip("/"))
             if root_url in known_dirs:
                 report.missing_directories.append(root_url)
                 continue
@@ -454,7 +416,7 @@ def import_flink(
     for listing in listings:
         for mpath in listing.metadata_files():
             try:
-                data = listing.fs.cat_file(mpath)
+                data = listing.store.read_bytes(mpath)
             except FileNotFoundError:
                 continue  # subsumed by a running job since the listing: no longer a snapshot
             job_dir = (
@@ -470,16 +432,18 @@ def import_flink(
                 raise FlinkMetadataError(f"{exc}; nothing was imported") from None
             found.append((listing, meta))
         if listing.role == ROLE_CHECKPOINTS:
+            skip = len(listing.root.rstrip("/")) + 1
+            heads: set[str] = set()  # first path components seen: each checked once
             for p in listing.files:
-                parent = posixpath.dirname(p)
-                if (
-                    posixpath.dirname(parent) == listing.root
-                    and CHK_DIR.match(posixpath.basename(parent))
-                    and f"{parent}/{METADATA_FILE_NAME}" not in listing.files
-                ):
-                    url = listing.to_url(parent)
-                    if url not in report.in_flight:
-                        report.in_flight.append(url)
+                head, sep, _ = p[skip:].partition("/")
+                if sep and head not in heads:
+                    heads.add(head)
+                    parent = f"{listing.root.rstrip('/')}/{head}"
+                    if (
+                        CHK_DIR.match(head)
+                        and f"{parent}/{METADATA_FILE_NAME}" not in listing.files
+                    ):
+                        report.in_flight.append(listing.to_url(parent))
     if not found and not known_dirs and not report.missing_directories:
         raise FlinkImportError(
             f"no completed Flink snapshot (a chk-N or savepoint directory with a _metadata) under "
@@ -525,8 +489,8 @@ def import_flink(
                 }
             )
             continue
-        if prior is not None and prior.status != "PENDING":
-            if prior.status == "COMPLETED":
+        if prior is not None and prior.status is not SnapshotStatus.PENDING:
+            if prior.status is SnapshotStatus.COMPLETED:
                 report.unchanged.append(prior.checkpoint_id)
             else:
                 report.skipped.append(
@@ -537,7 +501,10 @@ def import_flink(
                     }
                 )
             continue
-        missing = sorted(h.location or h.name for h in meta.files().values() if not h.exists)
+        refs_all = meta.file_references()
+        missing = sorted(
+            {r.handle.location or r.handle.name for r in refs_all if not r.handle.exists}
+        )
         if missing and prior is None:
             # Not restorable as it is: reported, not imported (a later sync imports it once the
             # files are back).
@@ -551,7 +518,7 @@ def import_flink(
                 }
             )
             continue
-        refs = file_refs(meta, listing.fs)
+        refs = file_refs(meta, listing.store)
         stats = key_group_stats(meta)
         parallelism, snap_max_p = _catalog_parallelism(meta)
         if prior is None:
@@ -580,7 +547,7 @@ def import_flink(
 
     # Snapshots imported from these directories whose _metadata is gone: mark them.
     roots = [lst.root_url for lst in listings] + report.missing_directories
-    for snap in catalog.list_snapshots(job, status="COMPLETED"):
+    for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
         if snap.location in present_locations:
             continue
         if not any(

@@ -47,6 +47,7 @@ from state_engine.flink.serializers import (
     read_serializer_snapshot,
 )
 from state_engine.flink.snappy import read_framed
+from state_engine.snapshot_enums import SnapshotStatus
 
 if TYPE_CHECKING:
     from state_engine.flink.metadata import FlinkSnapshotMetadata, OperatorState
@@ -559,7 +560,7 @@ def catalog_flink_metadata(catalog: Any, snapshot_id: int) -> FlinkSnapshotMetad
     job = catalog.get_job(snap.job_id)
     if getattr(job, "origin", "statekeeper") != "flink":
         return None
-    if snap.status != "COMPLETED":
+    if snap.status is not SnapshotStatus.COMPLETED:
         raise InvalidJobParams(
             f"snapshot {snapshot_id} of Flink job {job.name!r} is {snap.status}, not COMPLETED: "
             "only completed snapshots can be read (statectl snapshots NAME lists them)"
@@ -571,12 +572,11 @@ def catalog_flink_metadata(catalog: Any, snapshot_id: int) -> FlinkSnapshotMetad
 
 
 def _is_flink_metadata(location: str) -> bool:
-    import fsspec
-
+    from state_engine.checkpoint.storage import open_url
     from state_engine.flink.metadata import HEADER_MAGIC_NUMBER, metadata_file
 
     try:
-        with fsspec.open(metadata_file(location), "rb") as f:
+        with open_url(metadata_file(location)) as f:
             head = f.read(4)
     except (FileNotFoundError, IsADirectoryError):
         return True  # let the Flink reader name what is missing

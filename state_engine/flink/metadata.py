@@ -25,15 +25,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
-import fsspec.core
-
+from state_engine.checkpoint.storage import FileStore, open_url
 from state_engine.errors import (
     FlinkMetadataError,
     FlinkPathEscapes,
     UnsupportedFlinkMetadataVersion,
 )
 from state_engine.flink.javaser import JavaEnum, JavaObject, decode_modified_utf8, read_java_object
+from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
 
 METADATA_FILE_NAME = "_metadata"
 HEADER_MAGIC_NUMBER = 0x4960672D
@@ -134,12 +133,12 @@ class StreamHandle:
         return self.type == INLINE
 
     def read_bytes(self) -> bytes:
-        """The handle's bytes (inline data, or the file/segment read through fsspec)."""
+        """The handle's bytes (inline data, or the file/segment read from storage)."""
         if self.type == INLINE:
             return self.data or b""
         if self.type == EMPTY_SEGMENT or self.location is None:
             return b""
-        with fsspec.open(self.location, "rb") as f:
+        with open_url(self.location) as f:
             if self.type == SEGMENT:
                 f.seek(self.start_pos)
                 return f.read(self.size)
@@ -528,10 +527,32 @@ def _read_key_groups(r: _Reader) -> tuple[KeyGroupRange, tuple[int, ...]]:
     return KeyGroupRange.of(start, n), struct.unpack(f">{n}q", raw)
 
 
+_I64_FROM = struct.Struct(">q").unpack_from
+
+
 def _read_local_files(r: _Reader, what: str) -> tuple[LocalFile, ...]:
     out = []
     name_what = f"a {what} file's local name"
+    data = r.data
+    end = len(data)
     for _ in range(r.count(f"number of {what} files")):
+        # The common entry (an ASCII local name, then a file handle with an ASCII path) read
+        # inline: tens of thousands per incremental checkpoint. Anything else, or anything
+        # short, goes through the checked readers, which name what is wrong and where.
+        pos = r.pos
+        if pos + 13 <= end:
+            n = (data[pos] << 8) | data[pos + 1]
+            at = pos + 2 + n
+            if at + 11 <= end and data[at] == 2:
+                m = (data[at + 9] << 8) | data[at + 10]
+                stop = at + 11 + m
+                raw_local, raw_path = data[pos + 2 : at], data[at + 11 : stop]
+                if stop <= end and raw_local.isascii() and raw_path.isascii():
+                    size = _I64_FROM(data, at + 1)[0]
+                    r.pos = stop
+                    handle = StreamHandle(FILE, raw_path.decode("ascii"), size)
+                    out.append(LocalFile(raw_local.decode("ascii"), handle))
+                    continue
         local = r.utf(name_what)
         h = _read_stream_handle(r)
         if h is None:
@@ -716,9 +737,11 @@ def _read_operator(r: _Reader, version: int) -> OperatorState:
     at = r.pos
     parallelism = r.i32("the operator parallelism")
     max_p = r.i32("the operator max parallelism")
-    if not (0 < parallelism <= max_p <= 1 << 15):
+    if not (0 < parallelism <= max_p <= UPPER_BOUND_MAX_PARALLELISM):
         raise r.fail(
-            f"a parallelism in 1..max parallelism <= 32768, found {parallelism} / {max_p}", at
+            f"a parallelism in 1..max parallelism <= {UPPER_BOUND_MAX_PARALLELISM}, found "
+            f"{parallelism} / {max_p}",
+            at,
         )
     op = OperatorState(op_id, name, uid, parallelism, max_p)
     op.coordinator_state = _read_stream_handle(r)
@@ -812,7 +835,7 @@ def _kind_and_format(
 
 
 def _local_url(uri: str) -> str:
-    """A Flink URI as fsspec addresses it (``file:/x`` -> ``/x``; other schemes unchanged)."""
+    """A Flink URI as storage addresses it (``file:/x`` -> ``/x``; other schemes unchanged)."""
     if uri.startswith("file://"):
         rest = uri[len("file://") :]
         return rest if rest.startswith("/") else "/" + rest.split("/", 1)[-1]
@@ -843,6 +866,10 @@ class PathResolver:
         self.job_dir = job_dir.rstrip("/") if job_dir else None
         self.exists = exists
         self.source = source
+        # prefixes of _kind, built once (it runs for every handle)
+        self._own = self.directory + "/"
+        self._shared = f"{self.job_dir}/shared/" if self.job_dir is not None else None
+        self._taskowned = f"{self.job_dir}/taskowned/" if self.job_dir is not None else None
 
     def resolve(self, h: StreamHandle) -> None:
         if h.type == INLINE:
@@ -889,13 +916,12 @@ class PathResolver:
         return None
 
     def _kind(self, loc: str) -> str:
-        if _under(loc, self.directory):
+        if loc.startswith(self._own):
             return KIND_EXCLUSIVE
-        if self.job_dir is not None:
-            if _under(loc, self.job_dir + "/shared"):
-                return KIND_SHARED
-            if _under(loc, self.job_dir + "/taskowned"):
-                return KIND_TASKOWNED
+        if self._shared is not None and loc.startswith(self._shared):
+            return KIND_SHARED
+        if self._taskowned is not None and loc.startswith(self._taskowned):
+            return KIND_TASKOWNED
         return KIND_FOREIGN
 
 
@@ -931,12 +957,12 @@ def metadata_from_bytes(
     version, cid, masters, operators, props = parse_metadata(data, metadata_path)
     kind, fmt, type_name, sharing = _kind_and_format(props, directory, operators)
     if exists is None:
-        fs, _ = fsspec.core.url_to_fs(directory or "/")
+        store, _ = FileStore.at(directory or "/")
         cache: dict[str, bool] = {}
 
         def exists(loc: str) -> bool:
             if loc not in cache:
-                cache[loc] = bool(fs.exists(loc))
+                cache[loc] = store.exists(loc)
             return cache[loc]
 
     resolver = PathResolver(directory, job_dir, exists, metadata_path)
@@ -976,7 +1002,7 @@ def read_metadata(
     """
     path = metadata_file(path_or_url)
     try:
-        with fsspec.open(path, "rb") as f:
+        with open_url(path) as f:
             data: Any = f.read()
     except FileNotFoundError:
         raise FlinkMetadataError(

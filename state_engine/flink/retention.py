@@ -1,15 +1,21 @@
-"""Expire and orphan cleanup on Flink directories: plain Python over fsspec, under the job's lease.
+"""Expire and orphan cleanup on Flink directories, in plain Python under the job's lease.
 
 ``statectl maintain expire`` / ``maintain orphan_cleanup`` dispatch here for jobs of origin
 ``flink`` (see :func:`flink_runner`); no Spark starts. Both are recorded maintenance runs
 (:func:`state_engine.jobs.run.maintenance_job`) holding the job's file lease while they delete,
 and both delete in the order forget-in-the-catalog, then delete-from-storage.
 
-Expire (``--retain-last N``, ``--savepoint ID_OR_NAME``): the COMPLETED checkpoints older than the
-newest N are DISCARDED; then every file of the job no retained snapshot references any more
-(``live_refs`` = 0: the discarded checkpoints' ``_metadata``, exclusive files and RocksDB private
-files, and exactly the shared files no retained checkpoint or savepoint uses) is forgotten and
-deleted, and the emptied ``chk-N`` directories removed. Savepoints are expired only when named.
+Expire (``--retain-last N``, ``--older-than AGE``, ``--savepoint ID_OR_NAME``): the COMPLETED
+checkpoints not among the newest N and (with ``--older-than``) completed before the cut-off are
+DISCARDED. A Flink checkpoint's completion time is its ``_metadata``'s modification time on
+storage (Flink writes ``_metadata`` last, when it finalizes the checkpoint; the ``_metadata`` has
+no timestamp of its own), or the import time when that file cannot be asked (later than the real
+completion: it only keeps more). As for native jobs the newest completed checkpoint always stays:
+a retention that selects every one is refused (RetentionRemovesEverything). Then every file of
+the job no retained snapshot references any more (``live_refs`` = 0: the discarded checkpoints'
+``_metadata``, exclusive files and RocksDB private files, and exactly the shared files no retained
+checkpoint or savepoint uses) is forgotten and deleted, and the emptied ``chk-N`` directories
+removed. Savepoints are expired only when named.
 
 Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
 and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
@@ -33,22 +39,25 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import fsspec.core
-
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import remove_empty_dirs
-from state_engine.errors import FlinkJobDirectoryMissing, FlinkMetadataError, InvalidJobParams
+from state_engine.checkpoint.storage import FileStore, remove_empty_dirs
+from state_engine.errors import (
+    FlinkJobDirectoryMissing,
+    FlinkMetadataError,
+    InvalidJobParams,
+    RetentionRemovesEverything,
+)
 from state_engine.faults import crash_point
 from state_engine.flink.import_job import (
     CHK_DIR,
     ROLE_CHECKPOINTS,
     file_refs,
-    url_maker,
 )
 from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
 from state_engine.jobs.deletion import (
     THREADS,
     FileLease,
+    as_aware,
     delete_urls,
     forget_and_delete,
     hooks,
@@ -57,6 +66,7 @@ from state_engine.jobs.deletion import (
     wait_seconds,
 )
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -95,28 +105,30 @@ def disk_checkpoints(catalog: Catalog, job: str) -> dict[str, dict[str, int]]:
     its location URL -> the files it references (URL -> size), ``_metadata`` included."""
     out: dict[str, dict[str, int]] = {}
     for root_url in checkpoint_dirs(catalog, job):
-        fs, root = fsspec.core.url_to_fs(root_url)
+        store, root = FileStore.at(root_url)
         root = root.rstrip("/")
-        for path in sorted(fs.glob(f"{root}/chk-*/{METADATA_FILE_NAME}")):
-            out[fs.unstrip_protocol(posixpath.dirname(path))] = _refs_of(fs, path, root)
+        for path in store.glob(f"{root}/chk-*/{METADATA_FILE_NAME}"):
+            out[store.url_of(posixpath.dirname(path))] = _refs_of(store, path, root)
     return out
 
 
-def _refs_of(fs: Any, path: str, root: str, files: set[str] | None = None) -> dict[str, int]:
+def _refs_of(
+    store: FileStore, path: str, root: str, files: set[str] | None = None
+) -> dict[str, int]:
     def exists(loc: str) -> bool:
-        stripped = fs._strip_protocol(loc)
+        stripped = store.path_of(loc)
         if files is not None and stripped.startswith(root + "/"):
             return stripped in files
-        return bool(fs.exists(stripped))  # outside the listing (a NO_CLAIM ancestor's file)
+        return store.exists(stripped)  # outside the listing (a NO_CLAIM ancestor's file)
 
     try:
-        meta = metadata_from_bytes(bytes(fs.cat_file(path)), path, job_dir=root, exists=exists)
+        meta = metadata_from_bytes(store.read_bytes(path), path, job_dir=root, exists=exists)
     except FlinkMetadataError as exc:
         raise FlinkMetadataError(
             f"{exc}; nothing was deleted (a checkpoint that cannot be read might reference any "
             "file)"
         ) from None
-    return {r.path: r.size for r in file_refs(meta, fs)}
+    return {r.path: r.size for r in file_refs(meta, store)}
 
 
 # --- expire ---
@@ -130,22 +142,53 @@ class ExpirePlan:
     dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
 
 
+def completed_at(snap: Any) -> float:
+    """When Flink completed ``snap`` (epoch seconds): its ``_metadata``'s modification time, else
+    the catalog's completion (import) time."""
+    try:
+        store, path = FileStore.at(snap.location.rstrip("/") + "/" + METADATA_FILE_NAME)
+        modified = store.modified(path)
+    except (FileNotFoundError, OSError):
+        modified = None
+    if modified is not None:
+        return modified.timestamp()
+    done = snap.completed_at or snap.created_at
+    return float(as_aware(done).timestamp())
+
+
 def _expire_plan(
-    catalog: Catalog, job: str, retain_last: int | None, savepoints: list[str], dirs: list[str]
+    catalog: Catalog,
+    job: str,
+    retain_last: int | None,
+    savepoints: list[str],
+    dirs: list[str],
+    cutoff: datetime | None = None,
 ) -> ExpirePlan:
     plan = ExpirePlan()
-    completed = catalog.list_snapshots(job, status="COMPLETED")
+    completed = catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED)
     checkpoints = sorted(
-        (s for s in completed if s.kind == "CHECKPOINT"), key=lambda s: -s.checkpoint_id
+        (s for s in completed if s.kind is SnapshotKind.CHECKPOINT), key=lambda s: -s.checkpoint_id
     )
-    if retain_last is not None:
-        plan.expired.extend(checkpoints[retain_last:])
+    if retain_last is not None or cutoff is not None:
+        selected = checkpoints[retain_last or 0 :]
+        if cutoff is not None:
+            limit = cutoff.timestamp()
+            selected = [s for s in selected if completed_at(s) < limit]
+        if checkpoints and len(selected) == len(checkpoints):
+            raise RetentionRemovesEverything(
+                f"the retention would remove all {len(checkpoints)} completed checkpoints of "
+                f"Flink job {job!r}, the latest (checkpoint {checkpoints[0].checkpoint_id}) too; "
+                "nothing was deleted: add --retain-last N (N >= 1) or choose an earlier "
+                "--older-than"
+            )
+        # the newest checkpoint always stays (a running job's next checkpoint builds on it)
+        plan.expired.extend(s for s in selected if s is not checkpoints[0])
     by_name = {posixpath.basename(s.location.rstrip("/")): s for s in completed}
     for want in savepoints:
         snap = next((s for s in completed if str(s.id) == str(want)), None) or by_name.get(
             str(want)
         )
-        if snap is None or snap.kind != "SAVEPOINT":
+        if snap is None or snap.kind is not SnapshotKind.SAVEPOINT:
             raise InvalidJobParams(
                 f"--savepoint {want!r} is not a COMPLETED savepoint of Flink job {job!r} (give "
                 "its snapshot id or directory name; `statectl snapshots JOB` lists them)"
@@ -153,15 +196,13 @@ def _expire_plan(
         plan.expired.append(snap)
     expired_ids = {s.id for s in plan.expired}
     retained = [
-        s
-        for s in catalog.list_snapshots(job, status=["COMPLETED", "PENDING"])
-        if s.id not in expired_ids
+        s for s in catalog.list_snapshots(job, status=RETAINED_STATUSES) if s.id not in expired_ids
     ]
     live: set[str] = set()
     for s in retained:
         live.update(f.path for f in catalog.snapshot_files(s.id))
     dead = {s.location for s in plan.expired}
-    dead |= {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    dead |= {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
     on_disk = disk_checkpoints(catalog, job)
     for location, refs in on_disk.items():
         if location not in dead:
@@ -202,21 +243,25 @@ def expire_body(
     **_: Any,
 ) -> JobResult:
     """Expire old checkpoints (and named savepoints) of a Flink job; see the module doc."""
-    if older_than is not None:
+    if retain_last is None and older_than is None and not savepoints:
         raise InvalidJobParams(
-            "--older-than is not supported for Flink jobs (the catalog does not know when Flink "
-            "completed a checkpoint); use --retain-last N and --savepoint"
+            "say what to expire: --retain-last N, --older-than AGE and/or --savepoint ID_OR_NAME"
         )
-    if retain_last is None and not savepoints:
-        raise InvalidJobParams("say what to expire: --retain-last N and/or --savepoint ID_OR_NAME")
-    if retain_last is not None and (not isinstance(retain_last, int) or retain_last < 1):
+    if retain_last is not None and (
+        isinstance(retain_last, bool) or not isinstance(retain_last, int) or retain_last < 1
+    ):
         raise InvalidJobParams(f"--retain-last {retain_last!r}: keep at least 1 checkpoint")
+    cutoff = (
+        None
+        if older_than is None
+        else parse_cutoff(older_than, datetime.fromtimestamp(time.time(), UTC))
+    )
     dirs = [p for p, _ in catalog.job_directories(job)]
     if dry_run:
-        plan = _expire_plan(catalog, job, retain_last, list(savepoints or []), dirs)
+        plan = _expire_plan(catalog, job, retain_last, list(savepoints or []), dirs, cutoff)
         return JobResult(stats=_expire_stats(plan, True, sorted(plan.files), 0))
     with FileLease(catalog, job, EXPIRE, ctx.run_id, wait=wait_seconds(wait)) as lease:
-        plan = _expire_plan(catalog, job, retain_last, list(savepoints or []), dirs)
+        plan = _expire_plan(catalog, job, retain_last, list(savepoints or []), dirs, cutoff)
         hooks.call("after_plan", EXPIRE, job)
         for snap in plan.expired:
             lease.check()
@@ -226,7 +271,7 @@ def expire_body(
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in done.paths] + plan.dead_dirs,
             dirs,
-            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+            keep=[s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)],
         )
     return JobResult(
         bytes_in=sum(plan.files.values()),
@@ -267,25 +312,25 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
     plan = OrphanPlan()
     own = [p for p, _ in catalog.job_directories(job)]
     # an expired checkpoint whose _metadata survived a crash pins nothing
-    dead = {s.location for s in catalog.list_snapshots(job, status="DISCARDED")}
+    dead = {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
     referenced: set[str] = set(catalog.live_paths(job))
     listed: dict[str, tuple[int, float]] = {}
     for root_url in dirs:
-        fs, root = fsspec.core.url_to_fs(root_url)
+        store, root = FileStore.at(root_url)
         root = root.rstrip("/")
-        if not fs.exists(root):
+        if not store.exists(root):
             raise FlinkJobDirectoryMissing(
                 f"the checkpoint directory {root_url} of Flink job {job!r} is gone; nothing was "
                 "deleted (re-import the job to mark its snapshots vanished)"
             )
-        to_url = url_maker(fs)
-        found = fs.find(root, detail=True)
-        files = set(found)
-        skip = len(root) + 1
+        to_url = store.url_of
+        found = store.find(root)
+        files = {f"{root}/{f.path}" for f in found}
+        now = time.time()
         heads: dict[str, bool] = {}  # first path component -> Flink's to clean?
         chk_heads: set[str] = set()
-        for path, info in found.items():
-            head, sep, _ = path[skip:].partition("/")
+        for f in found:
+            head, sep, _ = f.path.partition("/")
             if not sep:
                 continue  # a file directly in the job directory: not Flink's
             keep = heads.get(head)
@@ -295,17 +340,16 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 if is_chk:
                     chk_heads.add(head)
             if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
-                mtime = info.get("mtime")
-                if not isinstance(mtime, int | float):
-                    mtime = _mtime(info)
-                listed[to_url(path)] = (info.get("size") or 0, mtime)
+                # unknown age: treat as new, never delete
+                mtime = f.modified_at if f.modified_at is not None else now
+                listed[to_url(f"{root}/{f.path}")] = (f.size, mtime)
         # Every completed checkpoint on disk now, imported or not, pins its files.
         for head in sorted(chk_heads):
             path = f"{root}/{head}/{METADATA_FILE_NAME}"
             if path not in files:
                 plan.in_flight.append(to_url(f"{root}/{head}"))
             elif to_url(f"{root}/{head}") not in dead:
-                referenced.update(_refs_of(fs, path, root, files))
+                referenced.update(_refs_of(store, path, root, files))
     plan.listed = len(listed)
     plan.referenced = len(referenced)
     plan.foreign = sorted(u for u in referenced if not _under(u, own))
@@ -330,28 +374,20 @@ def _empty_chk_dirs(dirs: list[str], cutoff: datetime) -> list[str]:
     out = []
     limit = cutoff.timestamp()
     for root_url in dirs:
-        fs, root = fsspec.core.url_to_fs(root_url)
-        for info in fs.ls(root.rstrip("/"), detail=True):
-            name = posixpath.basename(info["name"].rstrip("/"))
-            if info.get("type") != "directory" or not CHK_DIR.match(name):
+        store, root = FileStore.at(root_url)
+        for entry in store.ls(root.rstrip("/")):
+            name = posixpath.basename(entry.path)
+            if not entry.is_dir or not CHK_DIR.match(name):
                 continue
-            if _mtime(info) < limit and not fs.ls(info["name"], detail=False):
-                out.append(fs.unstrip_protocol(info["name"]))
+            # unknown age: treat as new, never delete
+            mtime = entry.modified.timestamp() if entry.modified is not None else time.time()
+            if mtime < limit and store.is_empty_dir(entry.path):
+                out.append(store.url_of(entry.path))
     return out
 
 
 def _head(path: str, root: str) -> str:
     return path[len(root) + 1 :].split("/", 1)[0] if path.startswith(root + "/") else ""
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if isinstance(value, int | float):
-            return float(value)
-        if value is not None and hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return time.time()  # unknown age: treat as new, never delete
 
 
 def orphan_body(
@@ -391,7 +427,7 @@ def orphan_body(
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in deleted] + _empty_chk_dirs(dirs, cutoff),
             dirs,
-            keep=[s.location for s in catalog.list_snapshots(job, status="PENDING")],
+            keep=[s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)],
         )
     nbytes = sum(plan.orphans[u] for u in deleted)
     return JobResult(

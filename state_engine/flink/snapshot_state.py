@@ -3,8 +3,9 @@
 Each keyed state handle goes to the reader of its format: canonical and heap key-group streams
 (:mod:`state_engine.flink.keyed_state`), RocksDB incremental handles
 (:mod:`state_engine.flink.rocksdb_state`); PyFlink jobs' entries are decoded as PyFlink does
-(:mod:`state_engine.flink.pyflink`). The readers depend on the stream primitives of
-``keyed_state``; this module depends on all of them (imports go one way).
+(:mod:`state_engine.flink.pyflink`); canonical files are decoded a whole state at a time into
+Arrow columns where that is faster (:mod:`state_engine.flink.columnar`). The readers depend on
+the stream primitives of ``keyed_state``; this module depends on all of them (imports go one way).
 """
 
 from __future__ import annotations
@@ -29,16 +30,22 @@ if TYPE_CHECKING:
 
 
 def snapshot_entries(
-    meta: FlinkSnapshotMetadata, operator: str | None = None
+    meta: FlinkSnapshotMetadata, operator: str | None = None, *, by_state: bool = False
 ) -> Iterator[tuple[OperatorState, int, Entry]]:
-    """``(operator, subtask, entry)`` for every keyed entry of the snapshot (timers left out)."""
+    """``(operator, subtask, entry)`` for every keyed entry of the snapshot (timers left out).
+
+    Operators in the ``_metadata``'s order, subtasks by index, each handle's entries in stream
+    order; ``by_state``: a canonical file's entries state by state (a key group's in stream order),
+    decoded a whole state at a time (:mod:`state_engine.flink.columnar`, much faster).
+    """
     from state_engine.flink import metadata as md
 
     for op in _operators(meta, operator):
         for st in op.subtasks:
             for kh in st.keyed_handles:
                 where = f"{meta.metadata_path} operator {operator_label(op)} subtask {st.index}"
-                yield from ((op, st.index, e) for e in _handle_entries(md, kh, op, where))
+                entries = _handle_entries(md, kh, op, where, by_state)
+                yield from ((op, st.index, e) for e in entries)
 
 
 def _operators(meta: FlinkSnapshotMetadata, operator: str | None) -> list[OperatorState]:
@@ -53,14 +60,19 @@ def _operators(meta: FlinkSnapshotMetadata, operator: str | None) -> list[Operat
 
 
 def _handle_entries(
-    md: Any, kh: KeyedStateHandle, op: OperatorState, where: str
+    md: Any, kh: KeyedStateHandle, op: OperatorState, where: str, by_state: bool = False
 ) -> Iterator[Entry]:
     if kh.type in (md.KEY_GROUPS, md.SAVEPOINT_KEY_GROUPS):
         if kh.delegate is None:
             return
         data = kh.delegate.read_bytes()
         where = f"{where} file {kh.delegate.location or kh.delegate.name}"
-        if kh.type == md.SAVEPOINT_KEY_GROUPS:
+        if kh.type == md.SAVEPOINT_KEY_GROUPS and by_state:
+            from state_engine.flink.columnar import canonical_columns
+
+            for columns in canonical_columns(data, list(kh.offsets), op.max_parallelism, where):
+                yield from columns.entries()
+        elif kh.type == md.SAVEPOINT_KEY_GROUPS:
             yield from canonical_entries(data, list(kh.offsets), op.max_parallelism, where)
         else:
             yield from heap_entries(data, list(kh.offsets), kh.key_groups.start, where)
@@ -93,7 +105,7 @@ def snapshot_raw_rows(
                 if kh.type == md.SAVEPOINT_KEY_GROUPS and kh.delegate is not None:
                     data = kh.delegate.read_bytes()
                     names, compressed = _names_if_readable(data, where)
-                    records: Iterator[tuple[str, bytes, bytes]] = (
+                    records = (
                         (names.get(sid, f"#{sid}"), k, v)
                         for sid, k, v in canonical_records(
                             data, list(kh.offsets), where, compressed
@@ -168,20 +180,35 @@ def snapshot_rows(
     """``statectl state show`` rows of a Flink snapshot, sorted by operator, key group, key, state.
 
     ``limit`` None or 0 means every row. PyFlink jobs' states are decoded as PyFlink does
-    (:mod:`state_engine.flink.pyflink`).
+    (:mod:`state_engine.flink.pyflink`). With a ``limit``, canonical and heap snapshots are
+    decoded only up to the last key group the first ``limit`` rows need.
     """
     if raw:
         rows = list(snapshot_raw_rows(meta, operator))
+    elif limit:
+        rows, names = _first_rows(meta, operator, state, key, limit, pyflink_types)
+        return _filtered(meta, rows, names, state, key)[:limit]
     else:
         from state_engine.flink.pyflink import is_pyflink_entry, pyflink_entry
 
         rows = []
-        for op, _subtask, e in snapshot_entries(meta, operator):
+        for op, _subtask, e in snapshot_entries(meta, operator, by_state=True):
             if is_pyflink_entry(e):
                 e = pyflink_entry(e, pyflink_types)
             rows.extend(entry_rows(operator_label(op), e))
+    rows = _filtered(meta, rows, {r["state"] for r in rows}, state, key)
+    return rows[:limit] if limit else rows
+
+
+def _filtered(
+    meta: FlinkSnapshotMetadata,
+    rows: list[dict[str, Any]],
+    names: set[str],
+    state: str | None,
+    key: str | None,
+) -> list[dict[str, Any]]:
+    """Rows of ``state`` and ``key`` (None: any), sorted; ``names``: the states with rows."""
     if state is not None:
-        names = {r["state"] for r in rows}
         rows = [r for r in rows if r["state"] == state]
         if not rows:
             from state_engine.errors import InvalidJobParams
@@ -193,4 +220,112 @@ def snapshot_rows(
     if key is not None:
         rows = [r for r in rows if r["key"] == key]
     rows.sort(key=lambda r: (r["operator"], r["key_group"], r["key"] or "", r["state"]))
-    return rows[:limit] if limit else rows
+    return rows
+
+
+def _first_rows(
+    meta: FlinkSnapshotMetadata,
+    operator: str | None,
+    state: str | None,
+    key: str | None,
+    limit: int,
+    pyflink_types: Any,
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """Enough rows for the first ``limit`` in sort order (operator, key group, ...), and the
+    states seen. Operators go in label order; a canonical or heap handle yields its entries key
+    group by key group (subtasks in key-group order), so once ``limit`` matching rows are in,
+    every row still needed is in a key group not past the current one. RocksDB handles (state by
+    state, not key group by key group) are read whole."""
+    from state_engine.flink import metadata as md
+    from state_engine.flink.pyflink import is_pyflink_entry, pyflink_entry
+
+    rows: list[dict[str, Any]] = []
+    names: set[str] = set()
+    matching = 0
+    for op in sorted(_operators(meta, operator), key=operator_label):
+        label = operator_label(op)
+        handles = sorted(
+            ((kh.key_groups.start, st.index, kh) for st in op.subtasks for kh in st.keyed_handles),
+            key=lambda t: (t[0], t[1]),
+        )
+        by_key_group = all(
+            kh.type in (md.KEY_GROUPS, md.SAVEPOINT_KEY_GROUPS) for *_, kh in handles
+        )
+        last_needed: int | None = None
+        for start, index, kh in handles:
+            if last_needed is not None and start > last_needed:
+                break
+            where = f"{meta.metadata_path} operator {label} subtask {index}"
+            if kh.type == md.SAVEPOINT_KEY_GROUPS and kh.delegate is not None and key is None:
+                # decoded into Arrow tables; Python rows made only up to the last key group
+                # the first ``limit`` matching rows need
+                found, last_needed = _columnar_rows(
+                    kh,
+                    op,
+                    label,
+                    where,
+                    state,
+                    limit - matching if by_key_group else 0,
+                    last_needed,
+                    pyflink_types,
+                )
+                for r in found:
+                    rows.append(r)
+                    names.add(r["state"])
+                    matching += state is None or r["state"] == state
+                continue
+            for e in _handle_entries(md, kh, op, where):
+                if last_needed is not None and e.key_group > last_needed:
+                    break
+                if is_pyflink_entry(e):
+                    e = pyflink_entry(e, pyflink_types)
+                for r in entry_rows(label, e):
+                    rows.append(r)
+                    names.add(r["state"])
+                    if (state is None or r["state"] == state) and (key is None or r["key"] == key):
+                        matching += 1
+                if by_key_group and last_needed is None and matching >= limit:
+                    last_needed = e.key_group
+        if matching >= limit:
+            break  # later operators' rows sort after these
+    return rows, names
+
+
+def _columnar_rows(
+    kh: KeyedStateHandle,
+    op: OperatorState,
+    label: str,
+    where: str,
+    state: str | None,
+    needed: int,
+    last_needed: int | None,
+    pyflink_types: Any,
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Rows of one canonical handle's key groups up to the one its first ``needed`` rows of
+    ``state`` (None: any) reach (or up to ``last_needed`` if already known), and that key
+    group. The handle is decoded into Arrow tables; rows are made for those key groups only."""
+    import numpy as np
+
+    from state_engine.flink.columnar import canonical_columns
+    from state_engine.flink.pyflink import STATE_PREFIX, is_pyflink_entry, pyflink_entry
+
+    assert kh.delegate is not None
+    data = kh.delegate.read_bytes()
+    where = f"{where} file {kh.delegate.location or kh.delegate.name}"
+    columns = list(canonical_columns(data, list(kh.offsets), op.max_parallelism, where))
+
+    def shown(name: str) -> str:
+        return name[len(STATE_PREFIX) :] if name.startswith(STATE_PREFIX) else name
+
+    if last_needed is None:
+        groups = [c.key_groups() for c in columns if state is None or shown(c.state.name) == state]
+        matching = np.sort(np.concatenate(groups)) if groups else np.zeros(0, dtype=np.int64)
+        if needed > 0 and len(matching) >= needed:
+            last_needed = int(matching[needed - 1])
+    rows: list[dict[str, Any]] = []
+    for c in columns:
+        for e in c.entries_up_to(last_needed):
+            if is_pyflink_entry(e):
+                e = pyflink_entry(e, pyflink_types)
+            rows.extend(entry_rows(label, e))
+    return rows, last_needed

@@ -1,4 +1,4 @@
-"""Spark tasks write canonical files; the driver commits them (see :mod:`state_engine.jobs.commit`).
+"""Spark tasks write canonical files; the driver commits them (see :mod:`state_engine.jobs.output`).
 
 A job splits the key-group space into *write ranges*: each subtask's Flink key-group range cut
 into ``m`` contiguous pieces, so there are enough tasks to keep every core busy even when the
@@ -9,11 +9,8 @@ key-group-aligned and indexed) and sends back the :class:`SnapshotFile` entries,
 statistics and the job's own counters. Nothing of a task's output is visible until the driver
 writes ``_metadata`` and the catalog completes the snapshot.
 
-Two ways to feed the tasks:
-- :func:`run_range_tasks`: a task per write range that reads its own input (e.g. the input
-  snapshot's row groups of that range, through the key-group index): no shuffle at all.
-- :func:`write_frame`: rows from any DataFrame in the canonical schema (e.g. re-bucketed to a new
-  max parallelism), shuffled so that one partition holds exactly one write range.
+:func:`run_range_tasks` feeds the tasks: a task per write range that reads its own input (e.g.
+the input snapshot's row groups of that range, through the key-group index): no shuffle at all.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from state_engine.faults import pause_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -230,113 +227,3 @@ def _outcome(fn: Callable[[T], R], task: T) -> R | _TaskError:
         return fn(task)
     except Exception as exc:
         return _TaskError(f"{type(exc).__name__}: {exc}"[:2000], traceback.format_exc())
-
-
-def _partition_keys(spark: SparkSession, partitions: int) -> list[int] | None:
-    """For each partition j a long whose Spark hash lands in partition j (None if one is missing).
-
-    ``repartition(n, col)`` places a row in ``pmod(murmur3(col, 42), n)``, the same as
-    ``pmod(hash(col), n)``; keying rows by these values gives one write range per partition.
-    """
-    from pyspark.sql import functions as F
-
-    found = (
-        spark.range(0, 64 * partitions)
-        .select("id", F.expr(f"pmod(hash(id), {partitions})").alias("p"))
-        .groupBy("p")
-        .agg(F.min("id").alias("id"))
-        .collect()
-    )
-    by_p = {int(r["p"]): int(r["id"]) for r in found}
-    if len(by_p) < partitions:
-        return None
-    return [by_p[j] for j in range(partitions)]
-
-
-def write_frame(
-    df: DataFrame,
-    target: TargetSpec,
-    ranges: Sequence[WriteRange],
-    *,
-    operator: str,
-) -> list[RangeOutput]:
-    """Write the canonical rows of ``df`` (one operator) as ``ranges``' files.
-
-    ``ranges`` must be this operator's pieces from :func:`plan_write_ranges` (``W`` equal pieces
-    of the key-group space, in order), so a row's piece is ``key_group * W div max_parallelism``.
-    """
-    from pyspark.sql import functions as F
-
-    mine = [r for r in ranges if r.operator == operator]
-    pieces = len(mine)
-    max_p = target.max_parallelism
-    expected = [compute_key_group_range_for_operator_index(max_p, pieces, i) for i in range(pieces)]
-    if pieces == 0 or [(r.first, r.last) for r in mine] != [(e.start, e.end) for e in expected]:
-        raise InvalidJobParams(
-            f"write ranges of operator {operator!r} are not the {pieces} equal pieces of "
-            f"0..{max_p - 1}; plan them with plan_write_ranges"
-        )
-    keys = _partition_keys(df.sparkSession, pieces)
-    piece = F.expr(f"CAST((CAST(key_group AS BIGINT) * {pieces}) DIV {max_p} AS INT)")
-    shaped = df.select(*KEYED_SCHEMA.names).withColumn("_piece", piece)
-    if keys is not None:
-        shaped = shaped.withColumn(
-            "_pkey", F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("_piece") + 1)
-        ).repartition(pieces, "_pkey")
-    else:
-        shaped = shaped.repartition(pieces, "_piece")
-    shaped = shaped.sortWithinPartitions("_piece", "key_group")
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import numpy as np
-
-        outputs: list[RangeOutput] = []
-        current: int | None = None
-        writer: CanonicalWriter | None = None
-        rows = 0
-
-        def finish() -> None:
-            if writer is not None and current is not None:
-                written = writer.finish()
-                outputs.append(
-                    RangeOutput(mine[current], written.files, written.key_group_stats, rows)
-                )
-
-        try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                ids = batch.column("_piece").to_numpy(zero_copy_only=False)
-                starts = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1])
-                ends = np.append(starts[1:], batch.num_rows)
-                for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-                    pid = int(ids[start])
-                    if pid != current:
-                        finish()
-                        current, rows = pid, 0
-                        writer = open_writer(target, mine[pid])
-                    assert writer is not None
-                    writer.write_batch(as_canonical(batch.slice(start, end - start)))
-                    rows += end - start
-            finish()
-        except BaseException:
-            if writer is not None:
-                writer.abort()
-            # files of ranges finished in this task are not in any _metadata: remove them too
-            snap = target.open()
-            for o in outputs:
-                for f in o.files:
-                    snap.fs.rm_file(snap.resolve(f.path))
-            raise
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([mine.index(o.range) for o in outputs], pa.int64()),
-                pa.array([pickle.dumps(o, protocol=5) for o in outputs], pa.binary()),
-            ],
-            names=["task", "result"],
-        )
-
-    results = shaped.mapInArrow(write, _RESULT_SCHEMA).collect()
-    by_piece = {int(r["task"]): pickle.loads(r["result"]) for r in results}
-    # a piece with no rows has no partition data: it writes no files but keeps its range
-    return [by_piece.get(i, RangeOutput(mine[i], (), {})) for i in range(pieces)]

@@ -17,10 +17,17 @@ from typing import Any
 
 from state_engine.config import Settings
 from state_engine.errors import InvalidJobParams
+from state_engine.snapshot_enums import SnapshotKind
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
 _NOT_PARAMS = {
-    "handler", "command", "job_name", "maintain_command", "state_command", "json", "task_id"
+    "handler",
+    "command",
+    "job_name",
+    "maintain_command",
+    "state_command",
+    "json",
+    "task_id",
 }
 _NOT_PARAMS |= {"ttl", "pyflink_types"}  # Flink conversion options (flink/convert.py)
 
@@ -50,7 +57,7 @@ def _input_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", choices=("CHECKPOINT", "SAVEPOINT"), default="CHECKPOINT")
+    p.add_argument("--kind", choices=tuple(SnapshotKind), default=SnapshotKind.CHECKPOINT)
     p.add_argument("--savepoint-dir", help="savepoint directory (URL or path under the root)")
     p.add_argument("--tasks", type=int, help="Spark tasks to write with (default: 2 per core)")
     p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
@@ -150,7 +157,7 @@ def _rescale_arguments(p: argparse.ArgumentParser) -> None:
     _input_arguments(p)
     p.add_argument("--parallelism", type=int, required=True, help="the new parallelism")
     p.add_argument("--max-parallelism", type=int, help="a new max parallelism (re-buckets rows)")
-    p.add_argument("--kind", choices=("CHECKPOINT", "SAVEPOINT"), help="output kind (new max p)")
+    p.add_argument("--kind", choices=tuple(SnapshotKind), help="output kind (new max p)")
     p.add_argument("--savepoint-dir", help="savepoint directory (new max parallelism)")
     p.add_argument("--tasks", type=int, help="Spark tasks (default: 2 per core)")
     p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
@@ -273,7 +280,7 @@ def cmd_state_show(args: argparse.Namespace) -> int:
         rows = _flink_state_rows(catalog, args)
         if rows is None:
             rows = _statekeeper_state_rows(catalog, args, settings)
-    from state_engine.jobs.state_inspect import COLUMNS
+    from state_engine.jobs.state_decode import COLUMNS
 
     if args.json:
         print(json.dumps(rows, default=_json_default, ensure_ascii=False))

@@ -6,7 +6,7 @@ Input: a COMPLETED DELTA snapshot (its chain is folded: per identity the row wit
 :mod:`state_engine.checkpoint.delta`), or a CANONICAL snapshot with many small files (rewritten
 into fewer). One Spark task per write range reads that range's base and delta row groups through
 the key-group index, folds them and writes canonical files; the driver copies operator state and
-commits (``jobs.commit``). Write ranges are cut from each subtask's key-group range so that each
+commits (``jobs.output``). Write ranges are cut from each subtask's key-group range so that each
 holds about ``target_file_bytes`` of input (estimated from the files' key-group indexes): small
 files are bin-packed together, a range never spans two subtasks.
 
@@ -36,13 +36,12 @@ import pyarrow as pa
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.canonical import DEFAULT_TARGET_FILE_BYTES
-from state_engine.checkpoint.metadata import SnapshotFormat, SnapshotMetadata, read_metadata
+from state_engine.checkpoint.metadata import SnapshotFormat, SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats
 from state_engine.errors import (
     CommitConflict,
     InvalidJobParams,
     InvalidSnapshotTransition,
-    SnapshotNotUsable,
 )
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import (
@@ -52,56 +51,18 @@ from state_engine.jobs.canonical_write import (
     run_range_tasks,
     write_range,
 )
-from state_engine.jobs.commit import (
-    abort_output,
-    begin_output,
-    build_metadata,
-    commit_output,
-    previous_output,
-    storage_for,
-)
-from state_engine.jobs.inputs import resolve_input
+from state_engine.jobs.inputs import load_input, resolve_input
+from state_engine.jobs.output import output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
-from state_engine.jobs.snapshot_read import (
-    estimated_key_group_bytes,
-    open_source,
-    range_batches,
-    snapshot_format,
-)
-from state_engine.jobs.spark import check_reachable
-from state_engine.jobs.ttl_cleanup import copy_operator_state
+from state_engine.jobs.snapshot_read import estimated_key_group_bytes, open_source, range_batches
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 KIND = "compaction"
 MIN_TARGET_FILE_BYTES = 1 << 10
-
-
-def load_source(catalog: Catalog, snapshot_id: int, *, allow: tuple[SnapshotFormat, ...]):
-    """A COMPLETED snapshot of one of the ``allow`` formats (by its files), reachable by Spark."""
-    record = catalog.get_snapshot(snapshot_id)
-    if record.status != "COMPLETED":
-        raise SnapshotNotUsable(
-            f"snapshot {record.id} of job {record.job!r} is {record.status}, not COMPLETED; only "
-            f"completed snapshots are read: pick one from `statectl snapshots {record.job}`"
-        )
-    check_reachable(record.location)
-    src = open_source(record.location, record.kind)
-    meta = read_metadata(src)
-    fmt = snapshot_format(meta)
-    if fmt not in allow:
-        raise SnapshotNotUsable(
-            f"snapshot {record.id} of job {record.job!r} holds {fmt} files; this job reads "
-            f"{' or '.join(str(a) for a in allow)} snapshots"
-            + (
-                "; take a canonical savepoint of it first (the savepoint job)"
-                if fmt is SnapshotFormat.NATIVE
-                else ""
-            )  # fmt: skip
-        )
-    return record, src, meta, fmt
 
 
 def plan_packed_ranges(
@@ -156,8 +117,8 @@ def chain_snapshots(catalog: Catalog, record: Any) -> list[Any]:
     for snap in catalog.list_snapshots(record.job):
         if (
             snap.id == record.id
-            or snap.kind != "CHECKPOINT"
-            or snap.status != "COMPLETED"
+            or snap.kind is not SnapshotKind.CHECKPOINT
+            or snap.status is not SnapshotStatus.COMPLETED
             or snap.checkpoint_id >= record.checkpoint_id
         ):
             continue
@@ -170,12 +131,12 @@ def chain_snapshots(catalog: Catalog, record: Any) -> list[Any]:
 
 def release_chain(catalog: Catalog, record: Any, output_id: int, tag: str) -> dict[str, Any]:
     """Subsume the chain's checkpoints, unless the job has a snapshot in flight."""
-    if record.kind != "CHECKPOINT":
+    if record.kind is not SnapshotKind.CHECKPOINT:
         return {"released": False, "reason": "the input is a savepoint: the user owns it"}
     busy = [
         s.checkpoint_id
         for s in catalog.list_snapshots(record.job)
-        if s.status == "PENDING" and s.trigger != tag and s.id != output_id
+        if s.status is SnapshotStatus.PENDING and s.trigger != tag and s.id != output_id
     ]
     if busy:
         return {
@@ -211,33 +172,25 @@ def run(
             f"{MIN_TARGET_FILE_BYTES} (the default is {DEFAULT_TARGET_FILE_BYTES})"
         )
     target_file_bytes = int(target_file_bytes)
-    record, src, meta, fmt = load_source(
-        catalog, snapshot, allow=(SnapshotFormat.DELTA, SnapshotFormat.CANONICAL)
-    )
+    inp = load_input(catalog, snapshot, allow=(SnapshotFormat.DELTA, SnapshotFormat.CANONICAL))
+    record, src, meta = inp.record, inp.snapshot, inp.meta
     base_stats: dict[str, Any] = {
-        "input_format": str(fmt),
+        "input_format": str(inp.format),
         "input_files": len(meta.files),
         "target_file_bytes": target_file_bytes,
     }
-    done = previous_output(catalog, record.job, ctx.tag)
-    if done is not None:
-        released = release_chain(catalog, record, done.id, ctx.tag) if release else None
-        return JobResult(
-            output_snapshot_id=done.id,
-            rows_out=done.entries,
-            bytes_out=done.bytes,
-            stats={**base_stats, "recovered": True, "release": released},
-        )
-    out = begin_output(
+    with output_snapshot(
         catalog,
-        storage_for(catalog, record.job, ctx.settings),
         record.job,
-        kind="CHECKPOINT",
+        tag=ctx.tag,
+        settings=ctx.settings,
+        kind=SnapshotKind.CHECKPOINT,
         parallelism=meta.parallelism,
         max_parallelism=meta.max_parallelism,
-        tag=ctx.tag,
-    )
-    try:
+    ) as out:
+        if out.recovered:
+            released = release_chain(catalog, record, out.record.id, ctx.tag) if release else None
+            return out.recovered_result({**base_stats, "release": released})
         sizing = {"target_file_bytes": target_file_bytes}
         if row_group_bytes:
             sizing["row_group_bytes"] = int(row_group_bytes)
@@ -249,13 +202,8 @@ def run(
             spark, ranges, lambda wr: compact_range(url, kind, meta, target, wr)
         )
         crash_point("compaction.after_tasks")
-        op_files = copy_operator_state(src, meta, out)
-        out_record = commit_output(
-            catalog, out, build_metadata(out, meta, outputs, op_files), outputs
-        )
-    except BaseException as exc:
-        abort_output(catalog, out, str(exc))
-        raise
+        op_files = out.copy_operator_state(src, meta)
+        out_record = out.commit(out.metadata(meta, outputs, op_files), outputs)
     crash_point("compaction.after_complete")
     released = release_chain(catalog, record, out_record.id, ctx.tag) if release else None
     files_out = sum(len(o.files) for o in outputs)

@@ -21,6 +21,7 @@ over the cluster as one Spark job (executors delete through fsspec, as the drive
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import threading
 import time
@@ -31,10 +32,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import fsspec.core
-
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.manager import file_lease_name
+from state_engine.checkpoint.commit import file_lease_name
+from state_engine.checkpoint.storage import delete_each, delete_url
 from state_engine.errors import (
     DeletionLeaseHeld,
     DeletionLeaseLost,
@@ -330,17 +330,18 @@ def forget_and_delete(
 
 
 def _delete_one(url: str) -> str | None:
-    fs, path = fsspec.core.url_to_fs(url)
-    try:
-        fs.rm_file(path)
-    except FileNotFoundError:
+    if not delete_url(url):
         return None  # already gone: an earlier attempt of this run deleted it
     crash_point("deletion.after_delete_one")
     return url
 
 
-def _delete_partition(urls: Iterable[str]) -> Iterable[str | None]:
-    return [_delete_one(u) for u in urls]
+def executor_delete() -> Callable[[Iterable[str]], list[str | None]]:
+    """What a Spark task runs on its partition of URLs. It pickles by reference to the storage
+    and faults modules only, so an executor imports neither the jobs nor the catalog."""
+    return functools.partial(
+        delete_each, after_each=functools.partial(crash_point, "deletion.after_delete_one")
+    )
 
 
 def delete_urls(
@@ -355,7 +356,7 @@ def delete_urls(
         return set()
     if spark is not None and len(urls) >= spark_min_files and _spark_reachable(urls):
         slices = max(1, min(len(urls) // 1000 + 1, 4 * spark.sparkContext.defaultParallelism))
-        found = spark.sparkContext.parallelize(list(urls), slices).mapPartitions(_delete_partition)
+        found = spark.sparkContext.parallelize(list(urls), slices).mapPartitions(executor_delete())
         return {u for u in found.collect() if u is not None}
     with ThreadPoolExecutor(max(1, min(threads, len(urls)))) as pool:
         return {u for u in pool.map(_delete_one, urls) if u is not None}

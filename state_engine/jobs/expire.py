@@ -36,7 +36,6 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.jobs import deletion
-from state_engine.jobs.commit import storage_for
 from state_engine.jobs.deletion import (
     SPARK_MIN_FILES,
     THREADS,
@@ -49,13 +48,15 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
+from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 KIND = "expire"
-RETAINED = ("PENDING", "COMPLETED")
+RETAINED = RETAINED_STATUSES
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,11 @@ def plan_expiry(
     """The snapshots to expire (or a specific error); reads the catalog, changes nothing."""
     snapshots = catalog.list_snapshots(job)  # newest checkpoint id first
     cutoff = None if older_than is None else parse_cutoff(older_than, catalog.now())
-    completed = [s for s in snapshots if s.kind == "CHECKPOINT" and s.status == "COMPLETED"]
+    completed = [
+        s
+        for s in snapshots
+        if s.kind is SnapshotKind.CHECKPOINT and s.status is SnapshotStatus.COMPLETED
+    ]
     selected: list[SnapshotRecord] = []
     if retain_last is not None or cutoff is not None:
         for rank, snap in enumerate(completed):
@@ -122,7 +127,7 @@ def plan_expiry(
             )
     by_name: dict[str, SnapshotRecord] = {}
     for s in snapshots:
-        if s.kind == "SAVEPOINT":
+        if s.kind is SnapshotKind.SAVEPOINT:
             by_name[str(s.id)] = s
             by_name.setdefault(posixpath.basename(s.location.rstrip("/")), s)
             by_name.setdefault(s.location.rstrip("/"), s)
@@ -133,7 +138,7 @@ def plan_expiry(
                 f"job {job!r} has no savepoint {name!r} (give a savepoint's snapshot id or "
                 f"directory name); nothing was deleted: list them with `statectl snapshots {job}`"
             )
-        if snap.status not in ("COMPLETED", "FAILED") or snap in selected:
+        if snap.status not in (SnapshotStatus.COMPLETED, SnapshotStatus.FAILED) or snap in selected:
             continue  # already expired (a retry): nothing more to do for it
         selected.append(snap)
     expired_ids = {s.id for s in selected}
@@ -174,7 +179,8 @@ def _discard(catalog: Catalog, snap: SnapshotRecord) -> bool:
         return True
     except (CommitConflict, InvalidSnapshotTransition):
         now = catalog.get_snapshot(snap.id)
-        if now.status in ("SUBSUMED", "FAILED"):  # the job's manager subsumed it: still expire
+        # the job's manager subsumed it: still expire
+        if now.status in (SnapshotStatus.SUBSUMED, SnapshotStatus.FAILED):
             catalog.discard_snapshot(now.id, expected_version=now.version)
             return True
         return False  # DISCARDED already, or back in use: leave it
@@ -240,7 +246,7 @@ def run(
         done = forget_and_delete(
             catalog, lease, files, spark=spark, spark_min_files=spark_min_files, threads=threads
         )
-        pending = [s.location for s in catalog.list_snapshots(job, status="PENDING")]
+        pending = [s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)]
         dirs = [posixpath.dirname(u) for u in done.paths] + [s.location for s in expired]
         stops = [job_dir] + [
             posixpath.dirname(s.location.rstrip("/"))

@@ -1,4 +1,9 @@
-"""The input snapshot of a job: found in the catalog, checked usable, its ``_metadata`` read."""
+"""The input snapshot of a job: found in the catalog, checked usable, its ``_metadata`` read.
+
+One loader for every job that reads a snapshot (:func:`load_input`): the snapshot must be
+COMPLETED, reachable by Spark and hold files of a format the job reads (the format the files
+say: a native checkpoint written by heap backends is canonical).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,21 @@ from state_engine.checkpoint.metadata import (
     read_metadata,
 )
 from state_engine.checkpoint.storage import SnapshotDir
-from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
+from state_engine.errors import (
+    InvalidJobParams,
+    MissingMetadata,
+    NoSuchSnapshot,
+    SnapshotNotUsable,
+)
 from state_engine.jobs.run import RunTarget
+from state_engine.jobs.snapshot_read import open_source, snapshot_format
 from state_engine.jobs.spark import check_reachable
+from state_engine.snapshot_enums import SnapshotStatus
+
+_ADVICE = {
+    SnapshotFormat.NATIVE: "; take a canonical savepoint of it first (the savepoint job)",
+    SnapshotFormat.DELTA: "; fold its chain with the compaction job first",
+}
 
 
 @dataclass(frozen=True)
@@ -24,6 +41,7 @@ class InputSnapshot:
     record: SnapshotRecord
     snapshot: SnapshotDir
     meta: SnapshotMetadata
+    format: SnapshotFormat
 
     @property
     def url(self) -> str:
@@ -56,19 +74,38 @@ def resolve_input(catalog: Catalog, params: dict[str, Any]) -> RunTarget:
     return RunTarget(job=record.job, input_snapshot_id=record.id)
 
 
-def load_input(catalog: Catalog, snapshot_id: int) -> InputSnapshot:
-    """A COMPLETED canonical snapshot, reachable by Spark, with its verified ``_metadata``."""
+def load_input(
+    catalog: Catalog,
+    snapshot_id: int,
+    *,
+    allow: tuple[SnapshotFormat, ...] = (SnapshotFormat.CANONICAL,),
+) -> InputSnapshot:
+    """A COMPLETED snapshot whose files are of an ``allow``-ed format, reachable by Spark, with
+    its ``_metadata`` read."""
     record = catalog.get_snapshot(snapshot_id)
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         raise SnapshotNotUsable(
             f"snapshot {record.id} of job {record.job!r} is {record.status}, not COMPLETED; "
             f"only completed snapshots are read: pick one from `statectl snapshots {record.job}`"
         )
-    if record.format != str(SnapshotFormat.CANONICAL):
-        raise SnapshotNotUsable(
-            f"snapshot {record.id} of job {record.job!r} is in {record.format} format; this job "
-            "reads canonical snapshots: run compaction (delta) or a savepoint (native) first"
-        )
     check_reachable(record.location)
-    snap = SnapshotDir.from_url(record.location)
-    return InputSnapshot(record, snap, read_metadata(snap))
+    snap = open_source(record.location, record.kind)
+    try:
+        meta = read_metadata(snap)
+    except MissingMetadata:
+        if record.format not in allow:  # refused for its format before its directory is asked
+            raise _not_usable(record, record.format, allow) from None
+        raise
+    fmt = snapshot_format(meta)
+    if fmt not in allow:
+        raise _not_usable(record, fmt, allow)
+    return InputSnapshot(record, snap, meta, fmt)
+
+
+def _not_usable(
+    record: SnapshotRecord, fmt: SnapshotFormat, allow: tuple[SnapshotFormat, ...]
+) -> SnapshotNotUsable:
+    return SnapshotNotUsable(
+        f"snapshot {record.id} of job {record.job!r} holds {fmt} files; this job reads "
+        f"{' or '.join(str(a) for a in allow)} snapshots{_ADVICE.get(fmt, '')}"
+    )

@@ -31,18 +31,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import fsspec.core
-
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.storage import (
     METADATA_FILE,
     SHARED_DIR,
-    StoredFile,
-    _modified,
+    list_url,
     remove_empty_dirs,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs.commit import storage_for
 from state_engine.jobs.deletion import (
     SPARK_MIN_FILES,
     THREADS,
@@ -54,7 +50,9 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
+from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -88,7 +86,7 @@ def list_roots(catalog: Catalog, job: str, job_dir_url: str, storage: Any) -> li
     outside = sorted(
         {
             s.location.rstrip("/")
-            for s in catalog.list_snapshots(job, kind="SAVEPOINT")
+            for s in catalog.list_snapshots(job, kind=SnapshotKind.SAVEPOINT)
             if not s.location.startswith(base + "/")
         }
     )
@@ -98,14 +96,7 @@ def list_roots(catalog: Catalog, job: str, job_dir_url: str, storage: Any) -> li
 
 
 def _list_dir(url: str) -> list[Listed]:
-    fs, path = fsspec.core.url_to_fs(url)
-    if not fs.exists(path):
-        return []
-    out = []
-    for name, info in fs.find(path, detail=True).items():
-        f = StoredFile(posixpath.relpath(name, path), int(info.get("size") or 0), _modified(info))
-        out.append(Listed(f"{url}/{f.path}", f.size, f.modified))
-    return out
+    return [Listed(f"{url}/{f.path}", f.size, f.modified) for f in list_url(url)]
 
 
 def classify(
@@ -114,10 +105,12 @@ def classify(
     """Split the listing into orphans and the files kept (reading the catalog now)."""
     snapshots = catalog.list_snapshots(job)
     known = catalog.known_paths(job)
-    pending = [s for s in snapshots if s.status == "PENDING"]
+    pending = [s for s in snapshots if s.status is SnapshotStatus.PENDING]
     pending_dirs = [s.location.rstrip("/") + "/" for s in pending]
     completed_metadata = {
-        s.location.rstrip("/") + "/" + METADATA_FILE for s in snapshots if s.status == "COMPLETED"
+        s.location.rstrip("/") + "/" + METADATA_FILE
+        for s in snapshots
+        if s.status is SnapshotStatus.COMPLETED
     }
     shared = job_dir_url.rstrip("/") + f"/{SHARED_DIR}/"
     plan = OrphanPlan(
@@ -206,10 +199,10 @@ def run(
             threads=threads,
         )
         crash_point("orphan_cleanup.after_delete")
-        pending = [s.location for s in catalog.list_snapshots(job, status="PENDING")]
+        pending = [s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)]
         roots = [job_dir] + [
             posixpath.dirname(u.rstrip("/"))
-            for u in {s.location for s in catalog.list_snapshots(job, kind="SAVEPOINT")}
+            for u in {s.location for s in catalog.list_snapshots(job, kind=SnapshotKind.SAVEPOINT)}
         ]
         removed_dirs = remove_empty_dirs(
             [posixpath.dirname(u) for u in done.paths], roots, keep=pending

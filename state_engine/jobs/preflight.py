@@ -32,13 +32,14 @@ from state_engine.errors import (
     StatekeeperError,
 )
 from state_engine.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotStatus
 
 #: The snapshot formats each job reads (rescale depends on its max parallelism: see below).
-READS: dict[str, tuple[str, ...]] = {
-    "ttl_cleanup": ("CANONICAL",),
-    "compaction": ("DELTA", "CANONICAL"),
-    "savepoint": ("CANONICAL", "DELTA", "NATIVE"),
-    "rescale": ("CANONICAL", "DELTA", "NATIVE"),
+READS: dict[str, tuple[SnapshotFormat, ...]] = {
+    "ttl_cleanup": (SnapshotFormat.CANONICAL,),
+    "compaction": (SnapshotFormat.DELTA, SnapshotFormat.CANONICAL),
+    "savepoint": tuple(SnapshotFormat),
+    "rescale": tuple(SnapshotFormat),
 }
 #: The jobs that take a ``savepoint_dir``.
 WRITES_DIRS = ("savepoint", "ttl_cleanup", "rescale")
@@ -115,12 +116,12 @@ def _readable_formats(kind: str, params: dict[str, Any], record: SnapshotRecord)
     new_max = params.get("max_parallelism")
     if new_max is None or int(new_max) == record.max_parallelism:
         # same max parallelism: a new _metadata over the input's files, which must be canonical
-        return ("CANONICAL",)
+        return (SnapshotFormat.CANONICAL,)
     return READS[kind]
 
 
 def _check_input(kind: str, params: dict[str, Any], record: SnapshotRecord) -> None:
-    if record.status != "COMPLETED":
+    if record.status is not SnapshotStatus.COMPLETED:
         raise SnapshotNotUsable(
             f"snapshot {record.id} of job {record.job!r} is {record.status}, not COMPLETED; only "
             f"completed snapshots are read: pick one from `statectl snapshots {record.job}`"
@@ -129,7 +130,7 @@ def _check_input(kind: str, params: dict[str, Any], record: SnapshotRecord) -> N
     if record.format not in formats:
         advice = (
             "take a canonical savepoint of it first (the savepoint job)"
-            if record.format == "NATIVE"
+            if record.format is SnapshotFormat.NATIVE
             else "compact it first (the compaction job)"
         )
         raise SnapshotNotUsable(
@@ -155,7 +156,7 @@ def _check_parallelism(params: dict[str, Any], record: SnapshotRecord) -> None:
 
 def allowed_roots(catalog: Catalog, job: str, settings: Settings) -> list[str]:
     """The URL prefixes a savepoint of ``job`` may be written under."""
-    from state_engine.jobs.commit import storage_for
+    from state_engine.jobs.job_storage import storage_for
 
     roots = [storage_for(catalog, job, settings).url_of(), settings.checkpoint_root]
     roots.extend(settings.allowed_savepoint_dirs)
@@ -163,14 +164,13 @@ def allowed_roots(catalog: Catalog, job: str, settings: Settings) -> list[str]:
 
 
 def _canonical_url(url: str) -> str:
-    from state_engine.checkpoint.storage import resolve_storage
+    from state_engine.checkpoint.storage import canonical_url
 
-    fs, path = resolve_storage(url)
-    return fs.unstrip_protocol(path).rstrip("/")
+    return canonical_url(url)
 
 
 def _check_target_dir(catalog: Catalog, job: str, directory: Any, settings: Settings) -> None:
-    from state_engine.jobs.commit import storage_for
+    from state_engine.jobs.job_storage import storage_for
 
     if not isinstance(directory, str) or not directory.strip():
         raise InvalidJobParams(
@@ -215,7 +215,7 @@ def check_inputs(
     if kind in WRITES_DIRS and params.get("savepoint_dir") is not None:
         _check_target_dir(catalog, str(job), params["savepoint_dir"], settings)
     if job is not None:
-        from state_engine.jobs.commit import storage_for
+        from state_engine.jobs.job_storage import storage_for
 
         # an object store is probed when opened: an endpoint that is down, refused credentials
         # or a missing bucket are said now, not by a Spark task minutes later

@@ -26,8 +26,8 @@ operator) and small enough per task (``DIRECT_GROUP_BYTES``), one wave does it a
 one task per core, each reading the whole input, keeping its consecutive destination ranges' rows
 by a vectorised mask and writing them directly: reading the input a few times costs less than
 writing, reading and deleting the spill.
-(Shuffling the rows through Spark instead, ``write_frame``, moved every binary column through the
-JVM twice and ran at about half the speed.) The output is a SAVEPOINT (self-contained) by
+(Shuffling the rows through Spark instead moved every binary column through the JVM twice and
+ran at about half the speed.) The output is a SAVEPOINT (self-contained) by
 default; then the job's max parallelism is recorded in the catalog (``set_job_max_parallelism``),
 after which only snapshots of the new max parallelism can be restored by the job.
 
@@ -82,21 +82,17 @@ from state_engine.jobs.canonical_write import (
     run_range_tasks,
     write_range,
 )
-from state_engine.jobs.commit import (
-    OutputSnapshot,
-    abort_output,
-    begin_output,
-    build_metadata,
-    commit_output,
-    previous_output,
-    storage_for,
-)
-from state_engine.jobs.compaction import load_source
 from state_engine.jobs.deletion import FileLease
-from state_engine.jobs.inputs import resolve_input
+from state_engine.jobs.inputs import load_input, resolve_input
+from state_engine.jobs.output import OutputSnapshot, output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
-from state_engine.jobs.savepoint import min_tasks, plan_ranges
-from state_engine.jobs.snapshot_read import native_subtask_batches, open_source, range_batches
+from state_engine.jobs.snapshot_read import (
+    native_subtask_batches,
+    open_source,
+    plan_read_ranges,
+    range_batches,
+)
+from state_engine.jobs.spark import min_tasks
 from state_engine.keygroups import (
     UPPER_BOUND_MAX_PARALLELISM,
     compute_key_group_range_for_operator_index,
@@ -295,11 +291,6 @@ def rebucket_task(
 SPILL_RUN_BYTES = 256 << 20
 
 
-def _is_local(snap: SnapshotDir) -> bool:
-    protocol = snap.fs.protocol
-    return "file" in (protocol if isinstance(protocol, tuple | list) else (protocol,))
-
-
 def _spill_run(
     out: SnapshotDir, batches: list[pa.RecordBatch], pieces: int, new_max: int, name: str
 ) -> dict[int, str]:
@@ -316,7 +307,7 @@ def _spill_run(
     table = table.take(arrow_array(order))
     dest = (kg_sorted.astype(np.int64) * pieces) // new_max
     cuts = np.flatnonzero(np.diff(dest)) + 1
-    local = _is_local(out)
+    local = out.store.is_local
     written: dict[int, str] = {}
     for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(dest)].tolist(), strict=True):
         d = int(dest[lo])
@@ -324,10 +315,10 @@ def _spill_run(
         path = out.resolve(rel)
         part = table.slice(lo, hi - lo)
         if local:
-            out.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            out.store.makedirs(posixpath.dirname(path))
             sink: Any = pa.OSFile(path, "wb")
         else:
-            sink = out.fs.open(path, "wb")
+            sink = out.store.open_write(path)
         with sink, pa.ipc.new_file(sink, KEYED_SCHEMA) as w:
             w.write_table(part)
         written[d] = rel
@@ -381,7 +372,7 @@ def spill_range(
 
 
 def _open_spill(out: SnapshotDir, rel: str) -> pa.Table:
-    if _is_local(out):
+    if out.store.is_local:
         # memory-mapped: the table's buffers are the page cache's, nothing is copied
         return pa.ipc.open_file(pa.memory_map(out.resolve(rel))).read_all()
     with out.open_input(rel) as f:
@@ -469,7 +460,7 @@ def write_direct(
         snap = target.open()
         for o in outputs:
             for f in o.files:
-                snap.fs.rm_file(snap.resolve(f.path))
+                snap.remove_file(f.path)
         raise
     return outputs, rows, stats.bytes_read
 
@@ -503,7 +494,7 @@ def rebucket(
     """Re-bucket every keyed operator into the output (two task waves, see module docstring)."""
     sizing = {"row_group_bytes": int(row_group_bytes)} if row_group_bytes else {}
     target = out.target(**sizing)
-    read_ranges, native = plan_ranges(meta, tasks)
+    read_ranges, native = plan_read_ranges(meta, tasks)
     new_max = out.record.max_parallelism
     url, kind = src.url, record.kind
     operators = [op.operator_id for op in meta.operators if op.subtasks]
@@ -550,9 +541,7 @@ def rebucket(
         finally:
             # spill files are never part of the snapshot: gone before _metadata is written
             snap = out.snapshot
-            spill = snap.resolve(SPILL_DIR)
-            if snap.fs.exists(spill):
-                snap.fs.rm(spill, recursive=True)
+            snap.store.delete_tree(snap.resolve(SPILL_DIR))
     op_files = write_operator_state_files(src, meta, out, new_p)
     template = SnapshotMetadata(
         job=meta.job,
@@ -564,7 +553,7 @@ def rebucket(
         operators=meta.operators,
         files=(),
     )
-    return build_metadata(out, template, outputs, op_files), outputs, rows_in, bytes_in
+    return out.metadata(template, outputs, op_files), outputs, rows_in, bytes_in
 
 
 #: How long a metadata-only rescale waits for a deleting job to release the file lease.
@@ -594,7 +583,7 @@ def run(
     job_max = catalog.get_job(record.job).max_parallelism
     new_p, new_max = check_target(parallelism, max_parallelism, job_max)
     same = new_max == record.max_parallelism == job_max
-    if same and (kind or "CHECKPOINT").upper() != "CHECKPOINT":
+    if same and (kind or SnapshotKind.CHECKPOINT).upper() != SnapshotKind.CHECKPOINT:
         raise InvalidJobParams(
             "a rescale at the same max parallelism is a checkpoint over the input's files; a "
             "savepoint must hold its own files: take it with the savepoint job instead"
@@ -608,48 +597,42 @@ def run(
         else contextlib.nullcontext()
     )
     with lease:
-        source, src, meta, fmt = load_source(
+        inp = load_input(
             catalog,
             snapshot,
             allow=(SnapshotFormat.CANONICAL,)
             if same
             else (SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
         )
-        if same and source.kind != "CHECKPOINT":
+        source, src, meta = inp.record, inp.snapshot, inp.meta
+        if same and source.kind is not SnapshotKind.CHECKPOINT:
             raise SnapshotNotUsable(
                 f"snapshot {source.id} is a savepoint; a checkpoint must not depend on files the "
                 "user owns: restore the savepoint at the new parallelism directly (canonical "
                 "snapshots read at any parallelism), or rescale a checkpoint"
             )
         base_stats: dict[str, Any] = {
-            "input_format": str(fmt),
+            "input_format": str(inp.format),
             "from_parallelism": meta.parallelism,
             "to_parallelism": new_p,
             "from_max_parallelism": meta.max_parallelism,
             "to_max_parallelism": new_max,
             "metadata_only": same,
         }
-        done = previous_output(catalog, record.job, ctx.tag)
-        if done is not None:
-            if not same:
-                catalog.set_job_max_parallelism(record.job, new_max)
-            return JobResult(
-                output_snapshot_id=done.id,
-                rows_out=done.entries,
-                bytes_out=done.bytes,
-                stats={**base_stats, "recovered": True, "output_location": done.location},
-            )
-        out = begin_output(
+        with output_snapshot(
             catalog,
-            storage_for(catalog, record.job, ctx.settings),
             record.job,
-            kind="CHECKPOINT" if same else (kind or "SAVEPOINT"),
+            tag=ctx.tag,
+            settings=ctx.settings,
+            kind=SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
             parallelism=new_p,
             max_parallelism=new_max,
-            tag=ctx.tag,
             savepoint_dir=None if same else savepoint_dir,
-        )
-        try:
+        ) as out:
+            if out.recovered:
+                if not same:
+                    catalog.set_job_max_parallelism(record.job, new_max)
+                return out.recovered_result(base_stats)
             rows_in, bytes_in = source.entries, 0
             if same:
                 new_meta, outputs = metadata_only(catalog, source, src, meta, out, new_p)
@@ -657,10 +640,7 @@ def run(
                 new_meta, outputs, rows_in, bytes_in = rebucket(
                     spark, src, source, meta, out, new_p, min_tasks(spark, tasks), row_group_bytes
                 )
-            out_record = commit_output(catalog, out, new_meta, outputs)
-        except BaseException as exc:
-            abort_output(catalog, out, str(exc))
-            raise
+            out_record = out.commit(new_meta, outputs)
     crash_point("rescale.after_complete")
     if not same:
         catalog.set_job_max_parallelism(record.job, new_max)

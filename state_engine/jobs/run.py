@@ -5,13 +5,14 @@ it into ``run(spark, catalog, *, run_id=None, dag_id=None, airflow_run_id=None, 
 report``. The run is recorded in the catalog with its params, input and output snapshots, rows
 and bytes in and out and duration. The same ``run_id`` again returns the recorded report of a
 SUCCEEDED run without redoing anything; after a failure it starts another attempt, and the body
-finds whatever the failed attempt left through ``ctx.tag`` (see :mod:`state_engine.jobs.commit`).
+finds whatever the failed attempt left through ``ctx.tag`` (see :mod:`state_engine.jobs.output`).
 Any error marks the run FAILED with its reason and is raised as a StatekeeperError.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 import uuid
 from collections.abc import Callable
@@ -22,13 +23,18 @@ from state_engine.catalog import Catalog
 from state_engine.checkpoint.storage import storage_failure
 from state_engine.config import Settings
 from state_engine.errors import MaintenanceJobFailed, StatekeeperError
-from state_engine.jobs.commit import run_tag
 from state_engine.jobs.preflight import READS, pinned_snapshot, record_refusal
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 Report = dict[str, Any]
+RUN_TAG_PREFIX = "run-"
+
+
+def run_tag(run_id: str) -> str:
+    """The snapshot ``trigger`` that ties a snapshot to the maintenance run that wrote it."""
+    return RUN_TAG_PREFIX + hashlib.sha1(run_id.encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)

@@ -26,67 +26,31 @@ from state_engine.catalog import Catalog
 from state_engine.checkpoint.canonical import arrow_array
 from state_engine.checkpoint.metadata import SnapshotFormat, SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats
-from state_engine.errors import InvalidJobParams
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import (
     RangeOutput,
     TargetSpec,
     WriteRange,
-    plan_write_ranges,
     run_range_tasks,
     write_range,
 )
-from state_engine.jobs.commit import (
-    abort_output,
-    begin_output,
-    build_metadata,
-    commit_output,
-    previous_output,
-    storage_for,
-)
-from state_engine.jobs.compaction import load_source
-from state_engine.jobs.inputs import resolve_input
+from state_engine.jobs.expiry import Thresholds, expired_mask, thresholds_for
+from state_engine.jobs.inputs import load_input, resolve_input
+from state_engine.jobs.output import output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.jobs.snapshot_read import (
-    NATIVE_KINDS,
     native_subtask_batches,
     open_source,
+    plan_read_ranges,
     range_batches,
 )
-from state_engine.jobs.spark import check_reachable
-from state_engine.jobs.ttl_cleanup import (
-    Thresholds,
-    copy_operator_state,
-    expired_mask,
-    thresholds_for,
-)
+from state_engine.jobs.spark import check_reachable, min_tasks
+from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 KIND = "savepoint"
-
-
-def plan_ranges(meta: SnapshotMetadata, min_tasks: int) -> tuple[list[WriteRange], set[str]]:
-    """Write ranges of every keyed operator; native operators get one range per old subtask."""
-    native: set[str] = set()
-    ranges: list[WriteRange] = []
-    plain = []
-    by_path = {f.path: f for f in meta.files}
-    for op in meta.operators:
-        if not op.subtasks:
-            continue
-        if any(by_path[p].kind in NATIVE_KINDS for s in op.subtasks for p in s.files):
-            native.add(op.operator_id)
-            ranges.extend(
-                WriteRange(op.operator_id, s.index, *s.key_group_range)
-                for s in sorted(op.subtasks, key=lambda s: s.index)
-            )
-        else:
-            plain.append(op.operator_id)
-    if plain:
-        ranges.extend(plan_write_ranges(meta.max_parallelism, meta.parallelism, plain, min_tasks))
-    return ranges, native
 
 
 def capture_range(
@@ -130,14 +94,6 @@ def capture_range(
     )
 
 
-def min_tasks(spark: SparkSession, given: int | None) -> int:
-    if given is not None:
-        if isinstance(given, bool) or int(given) < 1:
-            raise InvalidJobParams(f"tasks must be >= 1, not {given!r}")
-        return int(given)
-    return max(1, 2 * spark.sparkContext.defaultParallelism)
-
-
 @maintenance_job(KIND, resolve_input)
 def run(
     spark: SparkSession,
@@ -153,11 +109,12 @@ def run(
     row_group_bytes: int | None = None,
 ) -> JobResult:
     """Capture snapshot ``snapshot`` as a canonical SAVEPOINT (expired entries dropped if asked)."""
-    record, src, meta, fmt = load_source(
+    inp = load_input(
         catalog,
         snapshot,
         allow=(SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
     )
+    record, src, meta = inp.record, inp.snapshot, inp.meta
     if savepoint_dir is not None and "://" in savepoint_dir:
         check_reachable(savepoint_dir)
     drop = at is not None or watermark is not None
@@ -168,34 +125,27 @@ def run(
         else ({}, {})
     )
     base_stats: dict[str, Any] = {
-        "input_format": str(fmt),
+        "input_format": str(inp.format),
         "input_kind": record.kind,
         "at": at,
         "watermark": watermark,
         "skipped_states": skipped,
     }
-    done = previous_output(catalog, record.job, ctx.tag)
-    if done is not None:
-        return JobResult(
-            output_snapshot_id=done.id,
-            rows_out=done.entries,
-            bytes_out=done.bytes,
-            stats={**base_stats, "recovered": True, "output_location": done.location},
-        )
-    out = begin_output(
+    with output_snapshot(
         catalog,
-        storage_for(catalog, record.job, ctx.settings),
         record.job,
-        kind="SAVEPOINT",
+        tag=ctx.tag,
+        settings=ctx.settings,
+        kind=SnapshotKind.SAVEPOINT,
         parallelism=meta.parallelism,
         max_parallelism=meta.max_parallelism,
-        tag=ctx.tag,
         savepoint_dir=savepoint_dir,
-    )
-    try:
+    ) as out:
+        if out.recovered:
+            return out.recovered_result(base_stats)
         sizing = {"row_group_bytes": int(row_group_bytes)} if row_group_bytes else {}
         target = out.target(**sizing)
-        ranges, native = plan_ranges(meta, min_tasks(spark, tasks))
+        ranges, native = plan_read_ranges(meta, min_tasks(spark, tasks))
         url, kind = src.url, record.kind
         outputs = run_range_tasks(
             spark,
@@ -205,13 +155,8 @@ def run(
             ),
         )
         crash_point("savepoint.after_tasks")
-        op_files = copy_operator_state(src, meta, out)
-        out_record = commit_output(
-            catalog, out, build_metadata(out, meta, outputs, op_files), outputs
-        )
-    except BaseException as exc:
-        abort_output(catalog, out, str(exc))
-        raise
+        op_files = out.copy_operator_state(src, meta)
+        out_record = out.commit(out.metadata(meta, outputs, op_files), outputs)
     dropped: Counter[str] = Counter()
     for o in outputs:
         dropped.update({f"{o.range.operator}/{s}": n for s, n in o.extra["dropped"].items()})

@@ -37,7 +37,9 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import CorruptMetadata
+from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
 from state_engine.keygroups import KeyGroupRange
+from state_engine.snapshot_enums import SnapshotKind
 
 NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
 _GROUP = ("key_group", "key", "namespace", "state")
@@ -46,7 +48,7 @@ _BATCH_ROWS = 16384
 
 def open_source(url: str, kind: str) -> SnapshotDir:
     # a savepoint never reaches outside its directory, so it is opened without shared access
-    return SnapshotDir.from_url(url, allow_shared=kind != "SAVEPOINT")
+    return SnapshotDir.from_url(url, allow_shared=kind != SnapshotKind.SAVEPOINT)
 
 
 def snapshot_format(meta: SnapshotMetadata) -> SnapshotFormat:
@@ -289,3 +291,27 @@ def estimated_key_group_bytes(meta: SnapshotMetadata, operator: str) -> np.ndarr
             n_kg = r.last_key_group - r.first_key_group + 1
             est[r.first_key_group : r.last_key_group + 1] += per_rg * n_rg / n_kg
     return est
+
+
+def plan_read_ranges(meta: SnapshotMetadata, min_tasks: int) -> tuple[list[WriteRange], set[str]]:
+    """Ranges of every keyed operator to read a task each: canonical and delta ones cut for
+    ``min_tasks`` tasks; native operators one per old subtask (a DB is read whole); and which
+    operators are native."""
+    native: set[str] = set()
+    ranges: list[WriteRange] = []
+    plain = []
+    by_path = {f.path: f for f in meta.files}
+    for op in meta.operators:
+        if not op.subtasks:
+            continue
+        if any(by_path[p].kind in NATIVE_KINDS for s in op.subtasks for p in s.files):
+            native.add(op.operator_id)
+            ranges.extend(
+                WriteRange(op.operator_id, s.index, *s.key_group_range)
+                for s in sorted(op.subtasks, key=lambda s: s.index)
+            )
+        else:
+            plain.append(op.operator_id)
+    if plain:
+        ranges.extend(plan_write_ranges(meta.max_parallelism, meta.parallelism, plain, min_tasks))
+    return ranges, native

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from state_engine.config import Settings
 from state_engine.errors import (
     ConfigurationError,
+    InvalidJobParams,
     SparkMasterUnreachable,
     StorageNotReachableFromSpark,
 )
@@ -147,6 +148,15 @@ def shuffle_partitions_for(data_bytes: int | None, cores: int) -> int:
     if not data_bytes:
         return by_cores
     return max(by_cores, math.ceil(data_bytes / TARGET_PARTITION_BYTES))
+
+
+def min_tasks(spark: SparkSession, given: int | None) -> int:
+    """How many Spark tasks a job cuts its work into at least: ``given``, else two per core."""
+    if given is not None:
+        if isinstance(given, bool) or int(given) < 1:
+            raise InvalidJobParams(f"tasks must be >= 1, not {given!r}")
+        return int(given)
+    return max(1, 2 * spark.sparkContext.defaultParallelism)
 
 
 def spark_conf(

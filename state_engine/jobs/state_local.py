@@ -23,11 +23,9 @@ import pyarrow.parquet as pq
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.jobs.inputs import InputSnapshot, load_input
-from state_engine.jobs.state_inspect import (
-    _POSITION,
+from state_engine.jobs.state_decode import (
     COLUMNS,
-    _decode,
-    _Decoder,
+    StateDecoder,
     decoder_specs,
     operators_to_read,
     read_plan,
@@ -80,44 +78,35 @@ def plan_show(
     return ShowPlan(inp, specs, files, key_bytes, state)
 
 
-def _decoded(decoder: _Decoder, operator: str, table: pa.Table) -> list[dict[str, Any]]:
-    """The Spark path's decoding (:meth:`_Decoder.batch`) as dicts: building Arrow arrays from
-    Python lists makes pyarrow import pandas, which costs seconds a small read does not have."""
-    key_ser = decoder.keys.get(operator)
+def _decoded(decoder: StateDecoder, operator: str, table: pa.Table) -> list[dict[str, Any]]:
+    """The Spark path's decoding (:meth:`StateDecoder.columns`) as dicts."""
     cols = {n: table.column(n).to_pylist() for n in table.column_names}
-    out = []
-    for i, state in enumerate(cols["state"]):
-        kind, sers = decoder.states.get((operator, state), ("", {}))
-        uk = cols["user_key"][i]
-        if uk is None:
-            user_key = None
-        elif kind == "LIST" and len(uk) == _POSITION.size:
-            user_key = str(_POSITION.unpack(uk)[0])
-        else:
-            user_key = _decode(sers.get("user_key"), uk)
-        out.append(
-            {
-                "operator": operator,
-                "key_group": cols["key_group"][i],
-                "state": state,
-                "key": _decode(key_ser, cols["key"][i]),
-                "namespace": _decode(sers.get("namespace"), cols["namespace"][i]),
-                "user_key": user_key,
-                "value": _decode(sers.get("value"), cols["value"][i]),
-                "expires_at": cols["expires_at"][i],
-            }
-        )
-    return out
+    text = decoder.columns(
+        operator, cols["state"], cols["key"], cols["namespace"], cols["user_key"], cols["value"]
+    )
+    return [
+        {
+            "operator": operator,
+            "key_group": cols["key_group"][i],
+            "state": state,
+            "key": text["key"][i],
+            "namespace": text["namespace"][i],
+            "user_key": text["user_key"][i],
+            "value": text["value"][i],
+            "expires_at": cols["expires_at"][i],
+        }
+        for i, state in enumerate(cols["state"])
+    ]
 
 
 def read_rows(plan: ShowPlan, limit: int | None = 100) -> list[dict[str, Any]]:
     """The decoded rows of ``plan`` read with pyarrow, in the Spark path's order."""
     snap = plan.inp.snapshot
-    decoder = _Decoder(plan.specs)
+    decoder = StateDecoder(plan.specs)
     rows: list[dict[str, Any]] = []
     for op, chosen in plan.files.items():
         for f, groups in chosen:
-            with snap.fs.open(snap.resolve(f.path), "rb") as handle:
+            with snap.open_input(f.path) as handle:
                 parquet = pq.ParquetFile(handle)
                 table = parquet.read() if groups is None else parquet.read_row_groups(groups)
             if op in plan.key_bytes:

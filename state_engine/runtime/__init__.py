@@ -33,10 +33,12 @@ from state_engine.runtime.sources import (
 )
 from state_engine.runtime.timers import InternalTimerService
 from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK, WatermarkStrategy
+from state_engine.runtime.worker_pool import ProcessJobRunner
 
 __all__ = [
     "MAX_WATERMARK",
     "MIN_WATERMARK",
+    "ProcessJobRunner",
     "CheckpointCoordinator",
     "CollectSink",
     "CollectedOutput",

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from state_engine.errors import InvalidJob, StatekeeperError
+from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:
+    from state_engine.catalog import SnapshotRecord
     from state_engine.checkpoint.manager import CheckpointManager
     from state_engine.checkpoint.state import SubtaskState
 
@@ -97,6 +99,12 @@ class CheckpointCoordinator:
             nxt = min(nxt, self._last_records + self.interval_records)
         return nxt
 
+    def next_barrier(self) -> int | None:
+        """The record count at which a record-interval checkpoint is next due (None: none)."""
+        if self.interval_records is None:
+            return None
+        return self._last_records + self.interval_records
+
     def due(self, records: int) -> bool:
         every = self.interval_records
         if every is not None and records - self._last_records >= every:
@@ -110,7 +118,7 @@ class CheckpointCoordinator:
         self,
         records: int,
         *,
-        kind: str = "CHECKPOINT",
+        kind: str = SnapshotKind.CHECKPOINT,
         savepoint_dir: str | None = None,
         trigger: str = "periodic",
     ) -> _InFlight:
@@ -133,7 +141,7 @@ class CheckpointCoordinator:
         while self._in_flight and self._in_flight[0].pending.done():
             self._finish(self._in_flight.pop(0), notify=True)
 
-    def wait(self, flight: _InFlight) -> Any:
+    def wait(self, flight: _InFlight) -> SnapshotRecord:
         """Block until ``flight`` (and those before it) finished; its record, or raise."""
         while flight in self._in_flight:
             self._finish(self._in_flight.pop(0), notify=True)
@@ -154,7 +162,7 @@ class CheckpointCoordinator:
             self.stats.failed.append(f"{flight.kind} at barrier {flight.barrier}: {exc}")
             return
         flight.pending = record
-        if flight.kind == "SAVEPOINT":
+        if flight.kind == SnapshotKind.SAVEPOINT:
             self.stats.savepoints.append(record)
             return
         self.stats.completed.append(record)
@@ -164,10 +172,11 @@ class CheckpointCoordinator:
                 p.notify_checkpoint_complete(flight.barrier)
 
     @staticmethod
-    def _outcome(flight: _InFlight) -> Any:
+    def _outcome(flight: _InFlight) -> SnapshotRecord:
         if isinstance(flight.pending, BaseException):
             raise flight.pending
-        return flight.pending
+        record: SnapshotRecord = flight.pending  # finished: the committed snapshot's record
+        return record
 
     @property
     def in_flight(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,9 +14,13 @@ from state_engine.keygroups import check_parallelism
 from state_engine.runtime.functions import KeyedProcessFunction
 from state_engine.runtime.sinks import Sink
 from state_engine.runtime.sources import Source
+from state_engine.snapshot_enums import FORMAT_OPTIONS
 from state_engine.state.ttl import Clock
 
-FORMATS = ("canonical", "native", "delta")
+#: How a job's subtasks run: all in the caller's thread, or in worker processes.
+EXECUTIONS = ("threads", "processes")
+#: The environment variable that picks the execution of jobs that do not name one.
+EXECUTION_ENV = "STATEKEEPER_EXECUTION"
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,10 @@ class Job:
     system clock; a :class:`~state_engine.runtime.clock.RecordTimestampClock` makes runs
     reproducible). ``fork_writer``: heap snapshots on local storage are written by a forked
     child process (see :mod:`state_engine.checkpoint.forked`); False keeps them on a thread.
+    ``execution``: ``"threads"`` runs every subtask in the caller's thread (deterministic; for
+    tests and debugging), ``"processes"`` runs them in up to min(parallelism, cores) worker
+    processes (see :mod:`state_engine.runtime.worker_pool`); None (default) takes
+    ``$STATEKEEPER_EXECUTION``, else ``"threads"``.
     """
 
     name: str
@@ -50,6 +59,7 @@ class Job:
     source_uid: str = "source"
     operator_uid: str = "process"
     sink_uid: str = "sink"
+    execution: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -73,10 +83,10 @@ class Job:
                 "of one"
             )
         check_parallelism(self.max_parallelism, self.parallelism)
-        if self.checkpoint_format not in FORMATS:
+        if self.checkpoint_format not in FORMAT_OPTIONS:
             raise InvalidJob(
                 f"job {self.name!r}: checkpoint_format {self.checkpoint_format!r} is not one of "
-                f"{', '.join(FORMATS)}"
+                f"{', '.join(FORMAT_OPTIONS)}"
             )
         if type(self.retained) is not int or self.retained < 1:
             raise InvalidJob(f"job {self.name!r}: retained must be an int >= 1")
@@ -84,6 +94,11 @@ class Job:
         if len(set(uids)) != 3 or not all(isinstance(u, str) and u for u in uids):
             raise InvalidJob(
                 f"job {self.name!r}: operator uids {uids} must be distinct non-empty strings"
+            )
+        if self.execution is not None and self.execution not in EXECUTIONS:
+            raise InvalidJob(
+                f"job {self.name!r}: execution {self.execution!r} is not one of "
+                f"{', '.join(EXECUTIONS)}"
             )
         if self.backend is not None and not callable(getattr(self.backend, "create", None)):
             raise InvalidJob(
@@ -108,6 +123,16 @@ class Job:
                 f"{type(made).__name__}, not a KeyedProcessFunction"
             )
         return made
+
+    @property
+    def execution_mode(self) -> str:
+        """``execution``, or ``$STATEKEEPER_EXECUTION`` when it is None, or ``"threads"``."""
+        if self.execution is not None:
+            return self.execution
+        mode = os.environ.get(EXECUTION_ENV, "").strip() or "threads"
+        if mode not in EXECUTIONS:
+            raise InvalidJob(f"${EXECUTION_ENV}={mode!r} is not one of {', '.join(EXECUTIONS)}")
+        return mode
 
     def with_(self, **changes: Any) -> Job:
         return dataclasses.replace(self, **changes)

@@ -30,6 +30,7 @@ from state_engine.runtime.keyed_operator import KeyedProcessOperator
 from state_engine.runtime.sinks import SinkWriter, new_attempt_id
 from state_engine.runtime.source_reader import SourceReader
 from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK, combined_watermark
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 from state_engine.state.ttl import Clock, SystemClock
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 #: Keys whose subtask the runner remembers (a dict hit instead of hashing the key per record).
 ROUTE_CACHE_SIZE = 1 << 16
+#: A key the route cache does not hold (None there means: another process's subtask).
+_MISSING: Any = object()
 
 
 @dataclass
@@ -105,12 +108,34 @@ class _Subtask:
         self.writer.notify_checkpoint_complete(barrier)
 
 
+def _catch_up(operators: Sequence[KeyedProcessOperator], watermark: int) -> None:
+    for o in operators:
+        if o.watermark < watermark:
+            o.advance_watermark(watermark)
+
+
 class JobRunner:
     """Runs ``job`` fresh, or restored from a snapshot at the job's (possibly new) parallelism.
 
     ``restore_from``: None (fresh), ``"latest"``, a catalog snapshot id, or a snapshot directory
     URL (a savepoint); it needs ``catalog`` and ``storage``, as does checkpointing.
+
+    A job whose :attr:`Job.execution_mode` is ``"processes"`` gets a
+    :class:`~state_engine.runtime.worker_pool.ProcessJobRunner` (same API, subtasks in worker
+    processes).
     """
+
+    #: The runner of ``execution="processes"``: :mod:`state_engine.runtime.worker_pool` defines
+    #: it and sets it here when imported (the ``state_engine.runtime`` package imports it), so
+    #: this module does not import the worker pool built on top of it.
+    process_runner: type[JobRunner] | None = None
+
+    def __new__(cls, job: Job, **kwargs: Any) -> JobRunner:
+        if cls is JobRunner and isinstance(job, Job) and job.execution_mode == "processes":
+            if JobRunner.process_runner is None:
+                raise JobError("execution='processes' needs state_engine.runtime.worker_pool")
+            return super().__new__(JobRunner.process_runner)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -148,7 +173,7 @@ class JobRunner:
         self._records_in = 0
         self._late = 0
         self._watermark = MIN_WATERMARK
-        self._timings: dict[str, Any] = {"setup_s": 0.0, "run_s": 0.0}
+        self._timings: dict[str, Any] = {"setup_s": 0.0, "run_s": 0.0, "run_cpu_s": 0.0}
 
     # --- setup ---
 
@@ -157,7 +182,7 @@ class JobRunner:
         job, p = self.job, self.parallelism
         factory = job.backend if job.backend is not None else HeapBackendFactory()
         if (
-            job.checkpoint_format == "delta"
+            SnapshotFormat.from_option(job.checkpoint_format) is SnapshotFormat.DELTA
             and isinstance(factory, HeapBackendFactory)
             and not factory.track_changes
         ):
@@ -262,75 +287,98 @@ class JobRunner:
 
     def _pump(self, limit: int | None) -> bool:
         """Process records until ``limit`` (True: limit reached) or the end of input (False)."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._pump_records(limit)
         finally:
             self._timings["run_s"] += time.perf_counter() - started
+            self._timings["run_cpu_s"] += time.thread_time() - cpu
+
+    def _routing(self) -> tuple[list[SourceReader], list[KeyedProcessOperator | None]]:
+        """Every source subtask's reader, and per keyed subtask its operator (None: another
+        process runs it, and its records are read here only to be skipped)."""
+        return [s.reader for s in self.subtasks], [s.operator for s in self.subtasks]
 
     def _pump_records(self, limit: int | None) -> bool:
         # The per-record path: everything loop-invariant is a local, the route of a key is a
         # dict hit after its first record, and the watermark is recomputed only when a source
-        # subtask's watermark moved. Order and semantics are those of one record at a time.
+        # subtask's watermark moved. An operator's watermark is advanced when it next runs (a
+        # record, a processing-time timer), when an event-time timer of it is due, and before a
+        # barrier and on return: what each operator sees, in order, is that of advancing every
+        # operator at every step, without a call per operator and record.
         job, p = self.job, self.parallelism
         max_p = job.max_parallelism
         key_of = job.key_selector
-        readers = [s.reader for s in self.subtasks]
-        operators = [s.operator for s in self.subtasks]
+        readers, operators = self._routing()
+        owned = [o for o in operators if o is not None]
         marks = [r.watermarks for r in readers]
-        polls = [(r, r.next_record, r.watermarks) for r in readers]
-        one_reader = len(readers) == 1
+        polls = [(r, r.next_record, r.watermarks) for r in readers if not r.finished]
+        # the readers with partitions still to read: with one, its watermark is the watermark
+        live = [m for m in marks if not m.idle]
         single = operators[0] if p == 1 else None
-        route: dict[Any, KeyedProcessOperator] = {}
+        route: dict[Any, KeyedProcessOperator | None] = {}
+        missing = _MISSING
         coordinator = self.coordinator
         n = self._records_in
         check_at = n if coordinator is not None else sys.maxsize
         stop = sys.maxsize if limit is None else limit
         wm_now = self._watermark
         late = 0
-        # the processing-time timer heaps (lists kept in place): a truth test per step
-        proc = [(o.timers.processing._heap, o) for o in operators]
+        # the timer heaps (lists kept in place): a truth test per step
+        proc = [(o.timers.processing._heap, o) for o in owned]
+        event = [(o.timers.event._heap, o) for o in owned]
         try:
-            while True:
-                progressed = False
-                for reader, next_record, wmarks in polls:
+            while polls:
+                ended = False
+                for _reader, next_record, wmarks in polls:
                     if n >= stop:
+                        _catch_up(owned, wm_now)
                         return True
-                    if reader.finished:
-                        continue
                     got = next_record()
                     if got is not None:
-                        progressed = True
                         value, ts = got
                         key = key_of(value)
                         op = single
                         if op is None:
-                            op = route.get(key)
-                            if op is None:
+                            op = route.get(key, missing)
+                            if op is missing:
                                 op = operators[assign_to_key_group(key, max_p) * p // max_p]
                                 if len(route) >= ROUTE_CACHE_SIZE:
                                     route.clear()
                                 route[key] = op
-                        if ts <= wm_now:
-                            late += 1
-                        op.process(key, value, ts)
+                        if op is not None:
+                            if op.watermark < wm_now:
+                                op.advance_watermark(wm_now)
+                            if ts <= wm_now:
+                                late += 1
+                            op.process(key, value, ts)
                         n += 1
+                    else:
+                        ended = True  # this reader has read all its partitions
                     if wmarks._dirty or got is None:
-                        wm = marks[0].current if one_reader else combined_watermark(marks)
+                        if got is None:
+                            live = [m for m in marks if not m.idle]
+                        wm = live[0].current if len(live) == 1 else combined_watermark(marks)
                         if wm > wm_now:
                             wm_now = self._watermark = wm
-                            for o in operators:
-                                o.advance_watermark(wm)
+                            for heap, o in event:
+                                if heap and heap[0][0] <= wm:
+                                    o.advance_watermark(wm)
                     for heap, o in proc:
                         if heap:
+                            if o.watermark < wm_now:
+                                o.advance_watermark(wm_now)
                             o.fire_processing_timers()
                     if n >= check_at:
-                        coordinator.poll()  # type: ignore[union-attr]
-                        if coordinator.due(n):  # type: ignore[union-attr]
-                            coordinator.trigger(n)  # type: ignore[union-attr]
-                        check_at = coordinator.next_check(n)  # type: ignore[union-attr]
-                if not progressed:
-                    return False
+                        coordinator.poll()  # type: ignore[union-attr]  # None: check_at is maxsize
+                        if coordinator.due(n):  # type: ignore[union-attr]  # as above
+                            _catch_up(owned, wm_now)
+                            coordinator.trigger(n)  # type: ignore[union-attr]  # as above
+                        check_at = coordinator.next_check(n)  # type: ignore[union-attr]  # as above
+                if ended:
+                    polls = [x for x in polls if not x[0].finished]
+            _catch_up(owned, wm_now)
+            return False
         finally:
             self._records_in = n
             self._late += late
@@ -354,14 +402,14 @@ class JobRunner:
 
     def checkpoint(self) -> SnapshotRecord:
         """A checkpoint now (between records), waited for and notified."""
-        return self._snapshot("CHECKPOINT", None)
+        return self._snapshot(SnapshotKind.CHECKPOINT, None)
 
     def savepoint(self, directory: str | Path | None = None) -> SnapshotRecord:
         """A savepoint now (canonical, self-contained), in ``directory``: a URL, a path under the
         checkpoint root (str), a local directory (Path), or the storage's default."""
         if isinstance(directory, Path):
             directory = directory.resolve().as_uri()
-        return self._snapshot("SAVEPOINT", directory)
+        return self._snapshot(SnapshotKind.SAVEPOINT, directory)
 
     def _snapshot(self, kind: str, directory: str | None) -> SnapshotRecord:
         self._ensure_running()

@@ -222,6 +222,16 @@ class CollectedOutput:
         self._committed: set[str] = set()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (e.g. in a worker process) holds the records, not the lock
+        with self._lock:
+            return {"records": list(self.records), "_committed": set(self._committed)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.records = state["records"]
+        self._committed = state["_committed"]
+        self._lock = threading.Lock()
+
     def _commit(self, txn: str, values: Iterable[Any]) -> bool:
         with self._lock:
             if txn in self._committed:

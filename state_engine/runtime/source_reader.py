@@ -54,6 +54,13 @@ class SourceReader:
         for partition in self.offsets.assign(partitions):
             self._activate(partition)
 
+    def follow(self, positions: Iterable[tuple[str, int]]) -> None:
+        """Read partitions from the given offsets: the reader of a subtask another process
+        runs, kept here so this process sees the stream in the same order."""
+        for partition, offset in positions:
+            for added in self.offsets.assign([partition], offset):
+                self._activate(added)
+
     def _activate(self, partition: str) -> None:
         self._readers[partition] = None  # opened on first poll: restores stay cheap
         self._active.append(partition)

@@ -23,7 +23,8 @@ MAX_WATERMARK = INT64_MAX
 
 def _field_assigner(name: str) -> Callable[[Any], int]:
     def assign(record: Any) -> int:
-        return record[name]
+        timestamp: int = record[name]
+        return timestamp
 
     assign.__name__ = f"field {name!r}"
     return assign

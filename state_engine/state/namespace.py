@@ -52,9 +52,11 @@ class NamespaceSerializer(TypeSerializer):
             if t is int:
                 return b"\x01" + _I64.pack(value)
             if t is str:
-                return b"\x02" + value.encode("utf-8")
+                text: str = value
+                return b"\x02" + text.encode("utf-8")
             if t is bytes:
-                return b"\x03" + value
+                raw: bytes = value
+                return b"\x03" + raw
             if t is bool:
                 return b"\x06" if value else b"\x05"
             if t is tuple:

@@ -2,11 +2,11 @@
 
 Airflow reads its configuration when it is first imported, so the environment is set here, at
 import time, before any test module imports airflow: a temporary AIRFLOW_HOME, the repository's
-``dags/`` and ``plugins/`` as Airflow's folders, no example DAGs, a fixed JWT secret. The plugins
-folder also goes on ``sys.path``, as Airflow does, so ``statekeeper_airflow`` imports by name.
+``dags/`` and ``plugins/`` as Airflow's folders, no example DAGs, a fixed JWT secret.
+``statekeeper_airflow`` imports from the install (setup.py maps ``plugins/``), as the DAGs import
+it; Airflow itself may still put its plugins folder on ``sys.path`` when it loads plugins.
 
-Deliberately no ``__init__.py`` in this folder: a package named ``airflow`` would shadow the real
-one.
+This folder is the package ``tests.airflow``, which does not shadow the real ``airflow``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from sk_airflow_support import DAGS, JWT_SECRET, PLUGINS, MovableClock, Seeded
+
+from tests.airflow.sk_airflow_support import DAGS, JWT_SECRET, PLUGINS, MovableClock, Seeded
+
+if TYPE_CHECKING:  # for annotations only: airflow is imported by the tests, after the set-up below
+    from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
 
 if "airflow" in sys.modules:
     raise RuntimeError(
@@ -44,8 +49,6 @@ os.environ.update(
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
     }
 )
-if str(PLUGINS) not in sys.path:
-    sys.path.insert(0, str(PLUGINS))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -70,7 +73,7 @@ def airflow_home() -> Path:
 
 
 @pytest.fixture(scope="session")
-def auth_manager(airflow_home: Path) -> object:
+def auth_manager(airflow_home: Path) -> BaseAuthManager[Any]:
     """The configured auth manager (SimpleAuthManager), initialized as the API server does."""
     from airflow.api_fastapi.app import init_auth_manager
 
@@ -78,37 +81,21 @@ def auth_manager(airflow_home: Path) -> object:
 
 
 @pytest.fixture(scope="session")
-def make_token(auth_manager: object) -> Callable[..., str]:
+def make_token(auth_manager: BaseAuthManager[Any]) -> Callable[..., str]:
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
     def make(username: str = "admin", role: str = "ADMIN", expires_in: int = 600) -> str:
         user = SimpleAuthManagerUser(username=username, role=role)
-        return auth_manager.generate_jwt(user, expiration_time_in_seconds=expires_in)  # type: ignore[attr-defined]
+        return auth_manager.generate_jwt(user, expiration_time_in_seconds=expires_in)
 
     return make
 
 
-# --- catalogs ---
-
-
-@pytest.fixture(scope="session")
-def migrated_catalog_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from state_engine.catalog import upgrade
-
-    path = tmp_path_factory.mktemp("catalog-template") / "catalog.db"
-    upgrade(f"sqlite:///{path}")
-    return path
+# --- catalogs (an empty one is ``catalog_url``, from tests/fixtures/catalog.py) ---
 
 
 @pytest.fixture
-def empty_catalog_url(migrated_catalog_template: Path, tmp_path: Path) -> str:
-    path = tmp_path / "catalog.db"
-    shutil.copyfile(migrated_catalog_template, path)
-    return f"sqlite:///{path}"
-
-
-@pytest.fixture
-def seeded_catalog(empty_catalog_url: str) -> Seeded:
+def seeded_catalog(catalog_url: str) -> Seeded:
     """Job ``orders``: two completed checkpoints, a PENDING one from two hours ago (stale) and a
     PENDING one from a minute ago. Job ``payments``: registered, never completed a snapshot.
     Two maintenance runs."""
@@ -116,7 +103,7 @@ def seeded_catalog(empty_catalog_url: str) -> Seeded:
 
     now = datetime.now(UTC)
     clock = MovableClock(now - timedelta(hours=3))
-    with Catalog.open(empty_catalog_url, clock=clock) as cat:
+    with Catalog.open(catalog_url, clock=clock) as cat:
         cat.register_job("orders", max_parallelism=128, location="file:///ckpt/orders")
         cat.register_job("payments", max_parallelism=256)
         ids = []
@@ -150,7 +137,7 @@ def seeded_catalog(empty_catalog_url: str) -> Seeded:
         cat.start_run("compaction-1", "compaction", job="orders", input_snapshot_id=ids[0])
         cat.finish_run("compaction-1", output_snapshot_id=ids[1], rows_in=1280, rows_out=1280)
         cat.start_run("orphans-1", "orphan_cleanup", job="payments")
-    return Seeded(empty_catalog_url, ids[1], ids[0], stale.id, fresh.id)
+    return Seeded(catalog_url, ids[1], ids[0], stale.id, fresh.id)
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sk_airflow_support import DAGS, Seeded
+
+from tests.airflow.sk_airflow_support import DAGS, Seeded
 
 DAG_ID = "statekeeper_catalog_health"
 

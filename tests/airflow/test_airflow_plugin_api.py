@@ -11,9 +11,9 @@ import jwt
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from sk_airflow_support import Seeded
 
 from state_engine.catalog import Catalog, downgrade, upgrade
+from tests.airflow.sk_airflow_support import Seeded
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_forged_expired_or_garbage_tokens_are_refused(
 
 
 def test_every_route_of_the_app_refuses_anonymous_requests(client: TestClient) -> None:
-    routes = [r for r in client.app.routes if isinstance(r, APIRoute)]  # type: ignore[attr-defined]
+    routes = [r for r in client.app.routes if isinstance(r, APIRoute)]  # type: ignore[attr-defined]  # the client's app is a FastAPI app
     assert len(routes) >= 9
     for route in routes:
         path = route.path.replace("{job}", "orders").replace("{snapshot_id}", "1")
@@ -272,13 +272,13 @@ def test_the_openapi_document_is_served_behind_auth(
 
 def test_a_catalog_not_at_head_is_503_until_it_is_upgraded(
     make_client: Callable[[str], TestClient],
-    migrated_catalog_template: Path,
+    sqlite_catalog_template: Path,
     tmp_path: Path,
     auth: dict[str, str],
     make_token: Callable[..., str],
 ) -> None:
     path = tmp_path / "behind.db"
-    shutil.copyfile(migrated_catalog_template, path)
+    shutil.copyfile(sqlite_catalog_template, path)
     url = f"sqlite:///{path}"
     downgrade(url, "base")
     client = make_client(url)
@@ -323,12 +323,12 @@ def test_jobs_overview_page(client: TestClient, make_token: Callable[..., str]) 
 
 def test_page_escapes_job_names(
     make_client: Callable[[str], TestClient],
-    empty_catalog_url: str,
+    catalog_url: str,
     make_token: Callable[..., str],
 ) -> None:
-    with Catalog.open(empty_catalog_url) as cat:
+    with Catalog.open(catalog_url) as cat:
         cat.register_job("<b>evil</b>", max_parallelism=128)
-    client = make_client(empty_catalog_url)
+    client = make_client(catalog_url)
     client.cookies.set("_token", make_token())
     html = client.get("/").text
     assert "&lt;b&gt;evil&lt;/b&gt;" in html and "<b>evil</b>" not in html

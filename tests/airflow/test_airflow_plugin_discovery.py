@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sk_airflow_support import Seeded
+
+from tests.airflow.sk_airflow_support import Seeded
 
 
 def statekeeper_info() -> dict[str, Any]:

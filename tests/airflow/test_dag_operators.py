@@ -3,6 +3,8 @@ spark-submit command line, the stable run id, and parameter checks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from statekeeper_airflow.operators import check_params, snapshot_asset, stable_run_id
 from statekeeper_airflow.spark_submit import (
@@ -125,7 +127,7 @@ def test_the_spark_submit_command_runs_the_job_module_with_its_own_options(
 
 
 def test_the_run_id_is_the_same_for_every_try_of_a_task_instance_and_differs_otherwise() -> None:
-    ids = {
+    ids: dict[str, Any] = {
         "dag_id": "statekeeper_maintenance",
         "airflow_run_id": "scheduled__2025-01-01T00:00:00+00:00",
         "task_id": "maintain.expire",

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sk_airflow_support import DAGS
 
 from state_engine.catalog import Catalog
+from tests.airflow.sk_airflow_support import DAGS
 
 ARCHIVE = Path(os.environ.get("STATEKEEPER_FLINK_FIXTURES", "/work/shared/flink")) / (
     "flink-java-dev.tar.gz"
@@ -36,7 +36,7 @@ def java_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def flink_env(
-    empty_catalog_url: str, java_fixture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    catalog_url: str, java_fixture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[dict[str, Path]]:
     """A private copy of the Java job's hashmap directories, configured through the Variable."""
     src = java_fixture / "hashmap"
@@ -44,13 +44,13 @@ def flink_env(
     shutil.copytree(src / "checkpoints" / HASHMAP_JOB, job_dir, copy_function=shutil.copy2)
     sp = tmp_path / "savepoints"
     shutil.copytree(src / "savepoints", sp, copy_function=shutil.copy2)
-    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", empty_catalog_url)
+    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
     monkeypatch.delenv("STATEKEEPER_FLINK_JOBS_FILE", raising=False)
     monkeypatch.setenv(
         "AIRFLOW_VAR_STATEKEEPER_FLINK_JOBS",
         json.dumps({"payments": {"checkpoint_dir": str(job_dir), "savepoint_dirs": [str(sp)]}}),
     )
-    yield {"job_dir": job_dir, "savepoints": sp, "url": Path(empty_catalog_url)}
+    yield {"job_dir": job_dir, "savepoints": sp, "url": Path(catalog_url)}
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,34 @@ def test_savepoint_dag_converts_the_latest_flink_snapshot_without_spark(
         [run] = cat.list_runs(job="payments", kind="savepoint")
         chk11 = next(s for s in cat.list_snapshots("payments") if s.checkpoint_id == 11)
         assert run.status == "SUCCEEDED" and run.input_snapshot_id == chk11.id
+        assert run.output_snapshot_id is not None
         output = cat.get_snapshot(run.output_snapshot_id)
     assert (output.kind, output.format, output.status) == ("SAVEPOINT", "CANONICAL", "COMPLETED")
     assert output.location.rstrip("/") == target
     assert (tmp_path / "converted" / "_metadata").is_file()
+
+
+def test_take_savepoint_on_a_flink_job_converts_a_flink_snapshot_not_a_converted_one(
+    flink_env: dict[str, Path], tmp_path: Path
+) -> None:
+    # The plugin's "Take savepoint" action sends only the job: the first conversion makes a
+    # Statekeeper savepoint the job's newest snapshot; the next one must still read Flink's.
+    from statekeeper_airflow.flink import run_flink_maintenance
+
+    from state_engine.flink.import_job import import_flink
+
+    with catalog() as cat:
+        import_flink(cat, [str(flink_env["job_dir"])], "payments")
+        chk11 = next(s for s in cat.list_snapshots("payments") if s.checkpoint_id == 11)
+    outputs = []
+    for n in (1, 2):
+        report = run_flink_maintenance(
+            "savepoint",
+            {"job": "payments", "savepoint_dir": (tmp_path / f"sp-{n}").as_uri()},
+            {"run_id": f"take-savepoint-{n}"},
+        )
+        assert report is not None and report["input_snapshot_id"] == chk11.id
+        outputs.append(report["output_snapshot_id"])
+    with catalog() as cat:
+        assert cat.list_snapshots("payments")[0].id == outputs[1]
+        assert cat.get_snapshot(outputs[0]).format == "CANONICAL"

@@ -177,14 +177,14 @@ def flink_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
 
 
 def test_rest_savepoints_are_triggered_awaited_and_imported(
-    flink_cluster: Cluster, empty_catalog_url: str, monkeypatch: pytest.MonkeyPatch
+    flink_cluster: Cluster, catalog_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from statekeeper_airflow.flink import FlinkSavepointOperator
 
     from state_engine.flink.import_job import import_flink
     from state_engine.verify import verify
 
-    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", empty_catalog_url)
+    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
     monkeypatch.setenv("AIRFLOW_CONN_FLINK_DEFAULT", flink_cluster.rest)
     reports = []
     for fmt in ("CANONICAL", "NATIVE"):
@@ -200,7 +200,7 @@ def test_rest_savepoints_are_triggered_awaited_and_imported(
         reports.append(op.execute({}))
     locations = [r["location"] for r in reports]
     assert all(loc.startswith("file:") and "savepoint-" in loc for loc in locations)
-    with Catalog.open(empty_catalog_url) as catalog:
+    with Catalog.open(catalog_url) as catalog:
         snaps = {s.location.rstrip("/"): s for s in catalog.list_snapshots("sql-agg")}
         for loc, fmt in zip(locations, ("CANONICAL", "NATIVE"), strict=True):
             snap = snaps["file://" + loc.removeprefix("file:").rstrip("/")]

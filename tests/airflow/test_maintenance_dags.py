@@ -4,7 +4,6 @@ jobs in-process on the session's SparkSession, against real snapshots in a real 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,25 +12,22 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from sk_airflow_support import DAGS
+from statekeeper_airflow.operators import stable_run_id
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
-
-from jobdata import make_snapshot  # noqa: E402
-from statekeeper_airflow.maintenance_plan import delta_chain  # noqa: E402
-from statekeeper_airflow.operators import stable_run_id  # noqa: E402
-
-from state_engine.backends.heap import HeapBackendFactory  # noqa: E402
-from state_engine.backends.operator_state import OperatorStateBackend  # noqa: E402
-from state_engine.catalog import Catalog  # noqa: E402
-from state_engine.checkpoint.manager import CheckpointManager  # noqa: E402
-from state_engine.checkpoint.state import SubtaskState  # noqa: E402
-from state_engine.checkpoint.storage import CheckpointStorage  # noqa: E402
-from state_engine.keygroups import (  # noqa: E402
+from state_engine.backends.heap import HeapBackendFactory
+from state_engine.backends.operator_state import OperatorStateBackend
+from state_engine.catalog import Catalog
+from state_engine.checkpoint.manager import CheckpointManager
+from state_engine.checkpoint.state import SubtaskState
+from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.keygroups import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
-from state_engine.state import ValueStateDescriptor  # noqa: E402
+from state_engine.maintenance_plan import delta_chain
+from state_engine.state import ValueStateDescriptor
+from tests.airflow.sk_airflow_support import DAGS
+from tests.jobs.jobdata import make_snapshot
 
 
 @dataclass
@@ -45,15 +41,15 @@ class Env:
 
 @pytest.fixture
 def env(
-    empty_catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark: Any
+    catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark: Any
 ) -> Iterator[Env]:
     """A migrated catalog and a checkpoint root the DAGs' tasks see (they run in-process);
     ``spark`` is active, so the tasks reuse it instead of starting a JVM of their own."""
     root = (tmp_path / "checkpoints").as_uri()
-    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", empty_catalog_url)
+    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
     monkeypatch.setenv("STATEKEEPER_CHECKPOINT_ROOT", root)
     monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
-    yield Env(empty_catalog_url, CheckpointStorage(root))
+    yield Env(catalog_url, CheckpointStorage(root))
 
 
 def load_dag(dag_id: str) -> Any:

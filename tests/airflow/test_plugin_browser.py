@@ -1,10 +1,13 @@
-"""The plugin's pages in a real browser, served by a real ``airflow api-server``.
+"""The plugin's pages in a real browser, served by a real Airflow that runs what it is asked to.
 
-The server runs on a free loopback port with the session's migrated Airflow home, our
-``plugins/`` folder, SimpleAuthManager with a known password, and a seeded SQLite catalog.
-Headless Chromium first proves an anonymous visitor lands on Airflow's login, then logs in the
-way the UI does (a JWT from ``POST /auth/token`` in the ``_token`` cookie), opens a job's page,
-and the test reads the rendered DOM and decodes the screenshot's pixels.
+A small Airflow of our own on free loopback ports: its metadata on a fresh PostgreSQL database, the
+scheduler (LocalExecutor), the DAG processor and the API server with our ``dags/`` and ``plugins/``
+folders, SimpleAuthManager, and a seeded SQLite catalog (``tests/cluster/sk_cluster.py`` starts
+it, as it does the cluster tests' Airflow; here Spark runs in the task, ``local[1]``). Headless
+Chromium first proves an anonymous visitor lands on Airflow's login, then logs in the way the UI
+does (a JWT from ``POST /auth/token`` in the ``_token`` cookie), opens a job's page, and the test
+reads the rendered DOM and decodes the screenshot's pixels. The last test takes a savepoint from
+the job page through Airflow's own trigger form and sees the savepoint appear on that page.
 """
 
 from __future__ import annotations
@@ -12,43 +15,53 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
-import subprocess
+import signal
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 import numpy as np
 import pytest
-import sk_png
-from sk_airflow_support import MovableClock
-from sk_browser import INSTALL_HINT, Deadline, chromium, find_chromium, stop
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+from state_engine.checkpoint.storage import CheckpointStorage
+from tests.airflow import sk_png
+from tests.airflow.sk_airflow_support import MovableClock
+from tests.airflow.sk_browser import INSTALL_HINT, chromium, find_chromium
+from tests.cluster.sk_cluster import (
+    AirflowDeployment,
+    StackError,
+    airflow_env,
+    free_port,
+    start_airflow,
+    wait_until,
+)
+from tests.jobs.jobdata import make_snapshot
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.spark]
 
-PASSWORD = "browser-test-password"
 CHART_BLUE = (9, 103, 210)  # charts.COLORS[0], the "total" line and its points
 SNAPSHOTS = 8
 
 
 @dataclass(frozen=True)
 class Server:
-    url: str
-    log: Path
+    airflow: AirflowDeployment
 
+    @property
+    def url(self) -> str:
+        return self.airflow.url
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    @property
+    def log(self) -> Path:
+        """The API server's log (the plugin's pages run in it)."""
+        [api] = [s for s in self.airflow.services if s.name == "airflow-api-server"]
+        return api.log
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +77,22 @@ def chromium_binary() -> str:
 
 
 @pytest.fixture(scope="module")
+def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return (tmp_path_factory.mktemp("browser-checkpoints") / "checkpoints").as_uri()
+
+
+@pytest.fixture(scope="module")
 def browser_catalog(
-    migrated_catalog_template: Path, tmp_path_factory: pytest.TempPathFactory
+    sqlite_catalog_template: Path, tmp_path_factory: pytest.TempPathFactory, checkpoint_root: str
 ) -> str:
     """Job ``orders``: eight completed checkpoints an hour apart, its state growing, two
-    operators, and a hot key group (7) in every snapshot."""
+    operators, and a hot key group (7) in every snapshot (catalog rows only: no files).
+    Job ``clicks``: one real canonical checkpoint under ``checkpoint_root``, which a savepoint
+    run can read."""
     import shutil
 
     path = tmp_path_factory.mktemp("browser-catalog") / "catalog.db"
-    shutil.copyfile(migrated_catalog_template, path)
+    shutil.copyfile(sqlite_catalog_template, path)
     url = f"sqlite:///{path}"
     now = datetime.now(UTC)
     clock = MovableClock(now)
@@ -125,73 +145,45 @@ def browser_catalog(
                 + "very-long-file-name-without-breaks-"
                 * 4,
             )
+    with Catalog.open(url) as cat:
+        make_snapshot(cat, CheckpointStorage(checkpoint_root), job="clicks", keys=40)
     return url
 
 
 @pytest.fixture(scope="module")
 def api_server(
-    airflow_home: Path, browser_catalog: str, tmp_path_factory: pytest.TempPathFactory
+    browser_catalog: str,
+    checkpoint_root: str,
+    make_pg_database: Callable[[], str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Server]:
-    work = tmp_path_factory.mktemp("api-server")
-    passwords = work / "passwords.json"
-    passwords.write_text(json.dumps({"admin": PASSWORD}))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__API__BASE_URL": url,
-        "STATEKEEPER_CATALOG_URL": browser_catalog,
-    }
-    log = work / "api-server.log"
-    # the DAGs in Airflow's database, as the DAG processor would put them: their pages and
-    # trigger forms render (the job suggestions read this catalog at parse time)
-    parsed = subprocess.run(
-        [str(Path(sys.executable).with_name("airflow")), "dags", "reserialize"],
-        env=env, capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
-    assert parsed.returncode == 0, parsed.stdout[-2000:] + parsed.stderr[-2000:]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("airflow")),
-                "api-server",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "1",
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    """Airflow's scheduler, DAG processor and API server on a fresh PostgreSQL database; the
+    maintenance tasks run Spark in-process on ``local[1]``."""
+    home = tmp_path_factory.mktemp("airflow")
+    env = airflow_env(
+        home,
+        db_url=make_pg_database(),
+        port=free_port(),
+        spark_master_url="spark://127.0.0.1:7077",  # replaced below: no cluster here
+        extra={
+            "STATEKEEPER_CATALOG_URL": browser_catalog,
+            "STATEKEEPER_CHECKPOINT_ROOT": checkpoint_root,
+            "STATEKEEPER_HOME": str(home / "statekeeper-home"),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        },
+    )
+    env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[1]"})
+    airflow = start_airflow(home, env)
     try:
-        wait_healthy(f"{url}/api/v2/monitor/health", process, log)
-        yield Server(url, log)
+        yield Server(airflow)
     finally:
-        stop(process)
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = Deadline(180)
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"airflow api-server exited with {process.returncode}:\n{tail(log)}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        try:
-            deadline.left()
-        except TimeoutError:
-            pytest.fail(f"airflow api-server not healthy at {url} in time:\n{tail(log)}")
-        with suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=0.5)  # the pause between polls; returns early if it dies
+        # SIGTERM to all three first, so they shut down side by side; stop() then waits for each
+        for service in airflow.services:
+            if service.alive():
+                with suppress(ProcessLookupError):
+                    os.killpg(service.pid, signal.SIGTERM)
+        airflow.stop()
 
 
 def tail(log: Path, lines: int = 40) -> str:
@@ -199,15 +191,7 @@ def tail(log: Path, lines: int = 40) -> str:
 
 
 def login_token(server: Server) -> str:
-    request = urllib.request.Request(
-        f"{server.url}/auth/token",
-        data=json.dumps({"username": "admin", "password": PASSWORD}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.status == 201
-        return json.load(answer)["access_token"]
+    return server.airflow.login()
 
 
 def log_in(page: Any, server: Server) -> None:
@@ -329,7 +313,7 @@ def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
     horizontal overflow (the page's scroll width), dates on one line, the theme followed."""
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    seen: dict[tuple[str, int, str], dict[str, object]] = {}
+    seen: dict[tuple[str, int, str], dict[str, Any]] = {}
     with chromium(chromium_binary, tmp_path / "profile") as page:
         log_in(page, api_server)
         page.navigate(f"{api_server.url}/statekeeper/")
@@ -360,17 +344,30 @@ def test_pages_fit_1024_and_1440_px_in_airflows_light_and_dark_theme(
         assert got["scroll"] <= got["width"] == width, f"horizontal overflow on {where}"
         assert got["wrappedDates"] == 0, f"a date wraps on {where}"
         assert theme in str(got["theme"]), where
-        brightness = sum(got["corner"]) / 3  # type: ignore[arg-type]
+        brightness = sum(got["corner"]) / 3
         assert (brightness < 80) if theme == "dark" else (brightness > 230), where
     assert seen[("/statekeeper/runs", 1024, "light")]["dates"] >= 3
 
 
-def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
+SNAPSHOT_TABLE = """JSON.stringify([...document.querySelectorAll("table tbody tr")]
+    .map(tr => [...tr.cells].map(td => td.textContent.trim())))"""
+RUN_LINKS = """JSON.stringify([...document.querySelectorAll("table tbody a[target=_top]")]
+    .map(a => a.getAttribute("href")))"""
+
+
+def test_take_savepoint_from_the_job_page_runs_the_dag_and_the_savepoint_appears_there(
     chromium_binary: str, api_server: Server, tmp_path: Path
 ) -> None:
+    """Job page -> "Take savepoint" -> Airflow's page of the savepoint DAG -> its trigger form
+    (the job chosen among the catalog's jobs, as Airflow 3.3.2 cannot pre-fill it from the
+    link) -> the scheduler runs the savepoint task (Spark in the task) -> the job page, loaded
+    again, lists the new savepoint, and the runs page links to the DAG run that made it, whose
+    "Trigger again with this config" (what 3.3.2 does pre-fill) opens the form with the job."""
+    job_url = f"{api_server.url}/statekeeper/jobs/clicks"
     with chromium(chromium_binary, tmp_path / "profile") as page:
         log_in(page, api_server)
-        page.navigate(f"{api_server.url}/statekeeper/jobs/orders")
+        page.navigate(job_url)
+        before = json.loads(page.evaluate(SNAPSHOT_TABLE))
         action = json.loads(
             page.evaluate(
                 """JSON.stringify((() => {
@@ -381,6 +378,7 @@ def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
             )
         )
         assert action is not None and action["target"] == "_top"
+        dag_parsed(api_server, "statekeeper_savepoint")
         page.events.clear()
         page.evaluate(
             "[...document.querySelectorAll('.actions a')]"
@@ -399,7 +397,8 @@ def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
                 """JSON.stringify((() => {
                     const input = document.querySelector('input[name="element_job"]');
                     const list = input.list;
-                    return {suggested: list ? [...list.options].map(o => o.value) : []};
+                    return {value: input.value,
+                            suggested: list ? [...list.options].map(o => o.value) : []};
                 })())"""
             )
         )
@@ -408,27 +407,77 @@ def test_the_take_savepoint_action_opens_airflows_page_of_the_savepoint_dag(
             """(() => {
                 const input = document.querySelector('input[name="element_job"]');
                 const proto = HTMLInputElement.prototype;
-                Object.getOwnPropertyDescriptor(proto, "value").set.call(input, "orders");
+                Object.getOwnPropertyDescriptor(proto, "value").set.call(input, "clicks");
                 input.dispatchEvent(new Event("input", {bubbles: true}));
             })()"""
         )
-        # the session's Airflow database may hold runs of this DAG from other tests
-        before = {r["dag_run_id"] for r in dag_runs(api_server, "statekeeper_savepoint")}
         appear(page, '[data-testid="trigger-dag-submit"]:not([disabled])')
         page.evaluate("document.querySelector('[data-testid=\"trigger-dag-submit\"]').click()")
         # on success Airflow's UI closes the form (and shows the new run)
         until(page, "!document.querySelector('[data-testid=\"trigger-dag-submit\"]')")
-        runs = [
-            r
-            for r in dag_runs(api_server, "statekeeper_savepoint")
-            if r["dag_run_id"] not in before
-        ]
-    assert landed["path"] == "/dags/statekeeper_savepoint", landed
-    from urllib.parse import parse_qs
+    [run] = dag_runs(api_server, "statekeeper_savepoint")
+    # (no browser open meanwhile: an idle DevTools connection would fill with the UI's events)
+    finished = run_finished(api_server, "statekeeper_savepoint", run["dag_run_id"])
 
-    assert json.loads(parse_qs(landed["search"].lstrip("?"))["conf"][0]) == {"job": "orders"}
-    assert form["suggested"] == ["orders"]
-    assert [r["conf"]["job"] for r in runs] == ["orders"]
+    # the job page, loaded again, lists the savepoint the run wrote
+    with chromium(chromium_binary, tmp_path / "profile-after") as page:
+        log_in(page, api_server)
+        page.navigate(job_url)
+        after = json.loads(page.evaluate(SNAPSHOT_TABLE))
+        (tmp_path / "job-page-after-savepoint.png").write_bytes(
+            base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"])
+        )
+        page.navigate(f"{api_server.url}/statekeeper/runs?job=clicks")
+        run_links = json.loads(page.evaluate(RUN_LINKS))
+        # what Airflow 3.3.2 does pre-fill: "Trigger again with this config" on a run's page
+        run_page = f"/dags/statekeeper_savepoint/runs/{quote(run['dag_run_id'], safe='')}"
+        page.navigate(f"{api_server.url}{run_page}")
+        appear(page, '[data-testid="trigger-dag-button"]')
+        mouse_click(page, '[data-testid="trigger-dag-button"]')
+        again = (
+            "[...document.querySelectorAll('[role=menuitem]')]"
+            ".find(m => m.textContent === 'Trigger again with this config')"
+        )
+        until(page, again)
+        mouse_click_js(page, again)
+        appear(page, 'input[name="element_job"]')
+        refilled = page.evaluate("document.querySelector('input[name=\"element_job\"]').value")
+
+    assert landed["path"] == "/dags/statekeeper_savepoint", landed
+    assert json.loads(parse_qs(landed["search"].lstrip("?"))["conf"][0]) == {"job": "clicks"}
+    # Airflow 3.3.2 does not read the link's conf: the field starts empty, with suggestions
+    assert form == {"value": "", "suggested": ["clicks", "orders"]}
+    assert run["conf"]["job"] == "clicks"
+    assert finished["state"] == "success"
+    with Catalog.open(api_server.airflow.env["STATEKEEPER_CATALOG_URL"]) as cat:
+        [catalog_run] = cat.list_runs(job="clicks", kind="savepoint")
+        savepoint = cat.get_snapshot(catalog_run.output_snapshot_id)
+    assert (catalog_run.status, catalog_run.dag_id, catalog_run.airflow_run_id) == (
+        "SUCCEEDED",
+        "statekeeper_savepoint",
+        run["dag_run_id"],
+    )
+    assert (savepoint.job, savepoint.kind, savepoint.status) == ("clicks", "SAVEPOINT", "COMPLETED")
+    assert [row[0] for row in before] == [str(catalog_run.input_snapshot_id)]
+    # newest first: the savepoint above the checkpoint it captured
+    assert [(row[0], row[2], row[4]) for row in after] == [
+        (str(savepoint.id), "savepoint", "completed"),
+        (str(catalog_run.input_snapshot_id), "checkpoint", "completed"),
+    ], after
+    assert any(href.endswith(run_page) for href in run_links), run_links
+    assert refilled == "clicks"
+
+
+def mouse_click(page: Any, selector: str) -> None:
+    """A real click (pointer and mouse events) in the middle of ``selector``'s element."""
+    mouse_click_js(page, f"document.querySelector({json.dumps(selector)})")
+
+
+def mouse_click_js(page: Any, element: str) -> None:
+    box = json.loads(page.evaluate(f"JSON.stringify(({element}).getBoundingClientRect())"))
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        page.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
 
 
 def appear(page: object, selector: str, timeout: float = 120) -> None:
@@ -447,17 +496,55 @@ def until(page: object, condition: str, timeout: float = 120) -> None:
         "    .observe(document, {subtree: true, childList: true, attributes: true});"
         "})"
     )
-    result = page.call(  # type: ignore[attr-defined]
+    result = page.call(  # type: ignore[attr-defined]  # the fixture yields an untyped page
         "Runtime.evaluate", timeout=timeout, expression=script, awaitPromise=True,
         returnByValue=True,
     )  # fmt: skip
     assert result["result"].get("value") is True, (condition, result)
 
 
-def dag_runs(server: Server, dag_id: str) -> list[dict[str, Any]]:
-    request = urllib.request.Request(
-        f"{server.url}/api/v2/dags/{dag_id}/dagRuns",
-        headers={"Authorization": f"Bearer {login_token(server)}"},
+def dag_parsed(server: Server, dag_id: str) -> None:
+    """Wait until the DAG processor has put ``dag_id`` in Airflow's database."""
+    wait_until(
+        lambda: server.airflow.api(f"/dags/{dag_id}")[0] == 200,
+        f"the DAG processor to parse {dag_id}",
+        server.airflow.services,
     )
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return list(json.load(answer)["dag_runs"])
+
+
+def run_finished(server: Server, dag_id: str, run_id: str) -> dict[str, Any]:
+    """Wait for the DAG run to end (a generous deadline: Spark starts in the task on a busy
+    machine); a task that failed or waits for a retry fails the test with its log at once."""
+    path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+
+    def ended() -> dict[str, Any] | None:
+        status, run = server.airflow.api(path)
+        assert status == 200, run
+        if run["state"] in ("success", "failed"):
+            return run
+        status, tis = server.airflow.api(f"{path}/taskInstances")
+        assert status == 200, tis
+        for ti in tis["task_instances"]:
+            if ti["state"] in ("failed", "up_for_retry"):
+                raise StackError(task_log(server, path, ti))
+        return None
+
+    run = wait_until(ended, f"{dag_id} run {run_id}", server.airflow.services, patience=600)
+    if run["state"] != "success":
+        _, tis = server.airflow.api(f"{path}/taskInstances")
+        raise StackError("\n".join(task_log(server, path, ti) for ti in tis["task_instances"]))
+    return run
+
+
+def task_log(server: Server, run_path: str, ti: dict[str, Any]) -> str:
+    status, body = server.airflow.api(
+        f"{run_path}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}"
+    )
+    text = json.dumps(body)[-6000:] if status == 200 else f"(no log: {status})"
+    return f"task {ti['task_id']} is {ti['state']}:\n{text}"
+
+
+def dag_runs(server: Server, dag_id: str) -> list[dict[str, Any]]:
+    status, body = server.airflow.api(f"/dags/{quote(dag_id, safe='')}/dagRuns")
+    assert status == 200, body
+    return list(body["dag_runs"])

@@ -9,9 +9,9 @@ from urllib.parse import urljoin
 
 import pytest
 from fastapi.testclient import TestClient
-from sk_airflow_support import Seeded
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+from tests.airflow.sk_airflow_support import Seeded
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sk_airflow_support import DAGS
 
 from state_engine.catalog import Catalog
+from tests.airflow.sk_airflow_support import DAGS
 
 
 class SparkStarted(AssertionError):
@@ -40,17 +40,17 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture
 def cat_env(
-    empty_catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[dict[str, Any]]:
     """Job ``orders`` (max p 128): COMPLETED canonical chk-1, COMPLETED native chk-2, PENDING
     chk-3. Job ``payments``: COMPLETED canonical chk-1."""
     root = (tmp_path / "checkpoints").as_uri()
-    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", empty_catalog_url)
+    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
     monkeypatch.setenv("STATEKEEPER_CHECKPOINT_ROOT", root)
     monkeypatch.delenv("STATEKEEPER_ALLOWED_SAVEPOINT_DIRS", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
-    ids: dict[str, Any] = {"url": empty_catalog_url, "root": root}
-    with Catalog.open(empty_catalog_url) as cat:
+    ids: dict[str, Any] = {"url": catalog_url, "root": root}
+    with Catalog.open(catalog_url) as cat:
         cat.register_job("orders", max_parallelism=128, location=f"{root}/orders")
         cat.register_job("payments", max_parallelism=128, location=f"{root}/payments")
         for name, job, fmt in (

@@ -1,43 +1,25 @@
-"""Bad-input fixtures: a migrated SQLite catalog per test and the fraud job killed after two
-checkpoints, as a user meets it."""
+"""Bad-input fixtures: the fraud job killed after two checkpoints, as a user meets it, on a
+migrated SQLite ``catalog`` of the test's own (tests/fixtures/catalog.py)."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from state_engine.catalog import Catalog, SnapshotRecord, upgrade
+from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory
 from state_engine.examples import fraud
 from state_engine.runtime import FileSink, Job, JobRunner
 
-STREAM = {"partitions": 4, "records_per_partition": 600, "cards_per_partition": 40}
+STREAM: fraud.StreamSize = {
+    "partitions": 4,
+    "records_per_partition": 600,
+    "cards_per_partition": 40,
+}
 EVERY = 600
-
-
-@pytest.fixture(scope="session")
-def catalog_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("bad-input-catalog") / "catalog.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture
-def catalog_url(catalog_template: Path, tmp_path: Path) -> str:
-    path = tmp_path / "catalog.db"
-    shutil.copyfile(catalog_template, path)
-    return f"sqlite:///{path}"
-
-
-@pytest.fixture
-def catalog(catalog_url: str) -> Iterator[Catalog]:
-    with Catalog.open(catalog_url) as cat:
-        yield cat
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from state_engine.examples import fraud
 from state_engine.verify import verify
 
 if TYPE_CHECKING:  # the fixture's type, for annotations only: never import a conftest at run time
-    from conftest import Killed
+    from tests.bad_input.conftest import Killed
 
 
 def _listing(killed: Killed) -> dict[str, int]:

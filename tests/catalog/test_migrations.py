@@ -21,6 +21,7 @@ from state_engine.catalog import (
 )
 from state_engine.catalog.models import Base
 from state_engine.errors import CatalogUnreachable, CatalogVersionMismatch
+from tests.fixtures.catalog import DATABASES
 
 VIEWS = {
     "sk_v_latest_snapshots",
@@ -32,7 +33,7 @@ VIEWS = {
 }
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=DATABASES)
 def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A database without any catalog schema."""
     if request.param == "sqlite":
@@ -138,4 +139,5 @@ def test_sqlite_runs_in_wal_mode_with_foreign_keys(tmp_path: Path) -> None:
     with Catalog.open(url) as cat, cat.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
-        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
+        busy_timeout = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+        assert busy_timeout is not None and busy_timeout >= 1000

@@ -32,7 +32,7 @@ def _history(catalog: Catalog) -> list[int]:
 def test_latest_completed_snapshot_per_job(catalog: Catalog) -> None:
     ids = _history(catalog)
     catalog.begin_snapshot("orders", location="file:///o/pending", parallelism=2)
-    assert catalog.latest_snapshot("orders").id == ids[-1]  # type: ignore[union-attr]
+    assert catalog.latest_snapshot("orders").id == ids[-1]  # type: ignore[union-attr]  # the job has snapshots
     assert [(s.job, s.checkpoint_id) for s in catalog.latest_snapshots()] == [
         ("orders", 3),
         ("users", 1),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from state_engine.errors import (
 )
 
 
-def _begin(catalog: Catalog, job: str = "orders", **kwargs: object) -> int:
+def _begin(catalog: Catalog, job: str = "orders", **kwargs: Any) -> int:
     catalog.register_job(job, max_parallelism=128)
     return catalog.begin_snapshot(job, location=f"file:///chk/{job}", parallelism=2, **kwargs).id
 
@@ -119,7 +120,7 @@ def test_fail_subsume_and_discard_follow_the_lifecycle(catalog: Catalog) -> None
         catalog.subsume_snapshot(sp.id)
     with pytest.raises(CommitConflict):
         catalog.discard_snapshot(sp.id, expected_version=0)
-    assert catalog.latest_snapshot("orders").id == sp.id  # type: ignore[union-attr]
+    assert catalog.latest_snapshot("orders").id == sp.id  # type: ignore[union-attr]  # the job has snapshots
 
 
 def test_files_cannot_be_attached_after_completion(catalog: Catalog) -> None:

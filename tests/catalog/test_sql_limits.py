@@ -3,6 +3,8 @@ and the output is cut at a row and a byte cap (the result says so)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from state_engine.catalog import Catalog
@@ -40,11 +42,11 @@ def test_output_is_cut_at_the_byte_cap(catalog: Catalog) -> None:
     assert result.truncated == "10,000 bytes"
 
 
-def test_one_huge_value_is_refused_on_sqlite(tmp_path, sqlite_template) -> None:  # type: ignore[no-untyped-def]
+def test_one_huge_value_is_refused_on_sqlite(tmp_path: Path, sqlite_catalog_template: Path) -> None:
     import shutil
 
     path = tmp_path / "c.db"
-    shutil.copyfile(sqlite_template, path)
+    shutil.copyfile(sqlite_catalog_template, path)
     with Catalog.open(f"sqlite:///{path}") as cat:
         # SQLite would build the whole blob in memory before any row is read
         with pytest.raises(QueryFailed, match=r"longer than the output cap .* --max-bytes"):

@@ -11,7 +11,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from state_engine.checkpoint.canonical import CanonicalWriter, StateEntry
+from state_engine.checkpoint.canonical import CanonicalWriter
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
@@ -22,6 +22,7 @@ from state_engine.checkpoint.metadata import (
     write_metadata,
 )
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
+from state_engine.state.meta import StateEntry
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -134,28 +135,3 @@ def write_snapshot(storage: CheckpointStorage) -> WriteSnapshot:
         return snapshot, meta
 
     return write
-
-
-# --- job state for the checkpoint manager tests ---
-
-
-@pytest.fixture(scope="session")
-def sqlite_catalog_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from state_engine.catalog import upgrade
-
-    path = tmp_path_factory.mktemp("catalog-template") / "catalog.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture
-def catalog(sqlite_catalog_template: Path, tmp_path: Path) -> Iterator[Any]:
-    """A migrated catalog on SQLite (a copy of one migrated template)."""
-    import shutil
-
-    from state_engine.catalog import Catalog
-
-    path = tmp_path / "catalog.db"
-    shutil.copyfile(sqlite_catalog_template, path)
-    with Catalog.open(f"sqlite:///{path}") as cat:
-        yield cat

@@ -21,7 +21,6 @@ from state_engine.checkpoint.canonical import (
     OPERATOR_SCHEMA,
     CanonicalWriter,
     OperatorStateEntry,
-    StateEntry,
     read_entries,
     read_key_groups,
     read_operator_state,
@@ -40,6 +39,7 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.storage import CheckpointStorage, ReadStats, SnapshotDir
 from state_engine.errors import ChecksumMismatch, InvalidStateRows, SnapshotFileMismatch
+from state_engine.state.meta import StateEntry
 
 MakeRows = Callable[..., list[StateEntry]]
 WriteSnapshot = Callable[..., tuple[SnapshotDir, SnapshotMetadata]]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state_engine.checkpoint.canonical import CanonicalWriter, StateEntry
+from state_engine.checkpoint.canonical import CanonicalWriter
 from state_engine.checkpoint.delta import (
     CLEAR,
     DELETE,
@@ -30,6 +31,7 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.errors import InvalidStateRows
+from state_engine.state.meta import StateEntry
 
 MAX_P = 16
 
@@ -165,7 +167,7 @@ def test_a_delta_chain_on_storage_reads_back_folded(
         (DeltaEntry(1, 0, b"k", b"", "s", None, b"v", None, DELETE, 1), "DELETE or CLEAR with a"),
         (DeltaEntry(1, 0, b"k", b"", "s", b"u", b"", None, CLEAR, 1), "CLEAR with a user key"),
         ((1, 0, b"k", b"", "s", None, b"v", None), "must have 10 fields"),
-        (DeltaEntry(1, 0, b"k", b"", "s", None, b"v", None, PUT, None), "'seq'"),
+        (DeltaEntry(1, 0, b"k", b"", "s", None, b"v", None, PUT, None), "'seq'"),  # type: ignore[arg-type]  # no seq, on purpose
     ],
 )
 def test_bad_delta_rows_are_refused(storage: CheckpointStorage, row: tuple, message: str) -> None:
@@ -180,7 +182,7 @@ def test_bad_delta_rows_are_refused(storage: CheckpointStorage, row: tuple, mess
 
 
 @pytest.mark.parametrize("chain_index", [0, -1, True, "1"])
-def test_delta_chain_index_starts_at_one(storage: CheckpointStorage, chain_index: object) -> None:
+def test_delta_chain_index_starts_at_one(storage: CheckpointStorage, chain_index: Any) -> None:
     with pytest.raises(InvalidStateRows, match="chain_index"):
         DeltaWriter(
             storage.checkpoint("job", 2), chain_index=chain_index, subtask=0, max_parallelism=16

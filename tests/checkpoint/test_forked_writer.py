@@ -9,12 +9,21 @@ import threading
 import time
 
 import pytest
-from jobstate import OP, add_operator_state, apply, close, factory, make_job, observe, operator_view
 
 from state_engine.checkpoint.forked import ForkedWrite, SnapshotWriterDied, can_fork, run_forked
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotCancelled, SnapshotFileExists
+from tests.checkpoint.jobstate import (
+    OP,
+    add_operator_state,
+    apply,
+    close,
+    factory,
+    make_job,
+    observe,
+    operator_view,
+)
 
 pytestmark = pytest.mark.skipif(not can_fork(SnapshotDir.from_url("file:///tmp")), reason="Linux")
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jobstate import apply, close, factory, make_job, observe
 
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.errors import InvalidSnapshotRequest
+from tests.checkpoint.jobstate import apply, close, factory, make_job, observe
 
 KEYS = [f"user-{i}" for i in range(10_000)]
 

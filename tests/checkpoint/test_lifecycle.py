@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jobstate import OP, add_operator_state, apply, close, factory, make_job, observe, owner
 
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
@@ -20,6 +19,17 @@ from state_engine.checkpoint.state import RestoreMode
 from state_engine.errors import SnapshotCancelled
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.state import ValueStateDescriptor
+from state_engine.state.meta import StateEntry
+from tests.checkpoint.jobstate import (
+    OP,
+    add_operator_state,
+    apply,
+    close,
+    factory,
+    make_job,
+    observe,
+    owner,
+)
 
 KEYS = [f"user-{i}" for i in range(2000)]
 
@@ -233,7 +243,7 @@ def test_restore_at_any_parallelism_keeps_every_row_once(
         apply(job, KEYS[:400])
         m = manager(catalog, storage)
         record = m.trigger(job).result()
-        rows = []
+        rows: list[StateEntry] = []
         for s in job:
             with s.keyed[OP].snapshot_view() as view:
                 rows.extend(view.iter_entries())
@@ -242,7 +252,7 @@ def test_restore_at_any_parallelism_keeps_every_row_once(
     restored = m.restore(
         record.id, parallelism=parallelism, factory=factory(backend, tmp_path / "dst")
     )
-    got = []
+    got: list[StateEntry] = []
     for s in restored.subtasks:
         with s.keyed[OP].snapshot_view() as view:
             got.extend(view.iter_entries())

@@ -6,7 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jobstate import (
+
+from state_engine.checkpoint.manager import CheckpointManager
+from state_engine.checkpoint.metadata import read_metadata
+from state_engine.checkpoint.state import RestoreMode
+from tests.checkpoint.jobstate import (
     OP,
     add_operator_state,
     apply,
@@ -16,10 +20,6 @@ from jobstate import (
     observe,
     operator_view,
 )
-
-from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import read_metadata
-from state_engine.checkpoint.state import RestoreMode
 
 KEYS = [f"user-{i}" for i in range(300)]
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from jobstate import apply, close, factory, make_job
 
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
@@ -22,6 +21,7 @@ from state_engine.errors import (
     SnapshotNotRestorable,
     UnknownStorageScheme,
 )
+from tests.checkpoint.jobstate import apply, close, factory, make_job
 
 KEYS = [f"user-{i}" for i in range(300)]
 

@@ -10,8 +10,13 @@ import pytest
 
 from state_engine.checkpoint.storage import (
     CheckpointStorage,
+    FileStore,
     ReadStats,
     SnapshotDir,
+    canonical_url,
+    delete_each,
+    list_url,
+    remove_empty_dirs,
     validate_job_name,
 )
 from state_engine.errors import (
@@ -163,6 +168,78 @@ def test_list_files_reports_size_and_modification_time(storage: CheckpointStorag
     files = storage.list_files("job")
     assert [(f.path, f.size) for f in files] == [("chk-1/a.bin", 5), ("savepoints/sp/b.bin", 1)]
     assert all(f.modified is not None and f.modified.tzinfo is not None for f in files)
+
+
+def test_any_location_is_a_url_an_absolute_path_or_relative_to_the_root(
+    storage: CheckpointStorage,
+) -> None:
+    snap = storage.checkpoint("job", 1)
+    snap.write_file("a.bin", b"12345")
+    url = snap.url_of("a.bin")
+    assert url == storage.url_of("job/chk-1/a.bin")
+    path = storage.path_of(url)
+    assert storage.to_url(path) == storage.to_url("job/chk-1/a.bin") == url
+    assert storage.exists(url) and storage.exists(path) and storage.exists("job/chk-1/a.bin")
+    assert [(f.path, f.size) for f in storage.list_under(snap.url)] == [("a.bin", 5)]
+    assert [f.path for f in storage.list_under("job")] == ["chk-1/a.bin"]
+    assert storage.list_under("job/chk-9") == []
+
+
+def test_delete_one_and_many_say_what_was_there(storage: CheckpointStorage) -> None:
+    snap = storage.checkpoint("job", 1)
+    urls = [snap.url_of(snap.write_file(f"{n}.bin", b"x").path) for n in "abc"]
+    assert storage.delete(urls[0]) is True
+    assert storage.delete(urls[0]) is False
+    calls: list[None] = []
+    assert storage.delete_many(urls, after_each=lambda: calls.append(None)) == urls[1:]
+    assert len(calls) == 2 and storage.list_files("job") == []
+    snap.write_file("d.bin", b"x")
+    assert delete_each([snap.url_of("d.bin"), snap.url_of("d.bin")]) == [snap.url_of("d.bin"), None]
+
+
+def test_snapshot_dir_removes_its_files_and_itself(storage: CheckpointStorage) -> None:
+    snap = storage.checkpoint("job", 1)
+    snap.write_file("a.bin", b"1")
+    snap.write_file("b.bin", b"2")
+    assert snap.has_file("a.bin") and snap.metadata_url == snap.url + "/_metadata"
+    assert snap.remove_file("a.bin") is True and snap.remove_file("a.bin") is False
+    assert not snap.has_file("a.bin")
+    assert storage.remove_snapshot_dir(snap) is True
+    assert not snap.exists() and storage.remove_snapshot_dir("job/chk-1") is False
+    assert snap.self_contained().allow_shared is False and snap.allow_shared is True
+
+
+def test_remove_empty_dirs_stops_at_the_root_and_keeps_pending_and_shared(
+    storage: CheckpointStorage,
+) -> None:
+    storage.write_file("job/chk-1/sub/a.bin", b"1")
+    storage.write_file("job/chk-2/b.bin", b"1")
+    storage.write_file("job/shared/c.bin", b"1")
+    for rel in ("job/chk-1/sub/a.bin", "job/chk-2/b.bin", "job/shared/c.bin"):
+        assert storage.delete(rel)
+    job = storage.url_of("job")
+    dirs = [storage.url_of(d) for d in ("job/chk-1/sub", "job/chk-2", "job/shared")]
+    assert storage.remove_empty_dirs(dirs, [job], keep=[storage.url_of("job/chk-2")]) == 2
+    store, path = FileStore.at(job)
+    assert sorted(e.path.rsplit("/", 1)[1] for e in store.ls(path)) == ["chk-2", "shared"]
+    assert all(e.is_dir for e in store.ls(path))
+    assert remove_empty_dirs([storage.url_of("job/chk-2")], [job]) == 1
+
+
+def test_file_store_lists_reads_and_converts(storage: CheckpointStorage) -> None:
+    storage.write_file("x/y/a.bin", b"hello")
+    store, root = FileStore.at(storage.url_of("x"))
+    assert store.isdir(root) and store.is_local == storage.root_url.startswith("file:")
+    [f] = store.find(root)
+    assert (f.path, f.size) == ("y/a.bin", 5) and f.mtime > 0
+    assert store.read_bytes(f"{root}/y/a.bin") == b"hello"
+    assert store.read_bytes(f"{root}/y/a.bin", start=1, size=3) == b"ell"
+    assert store.glob(f"{root}/*/a.bin") == [f"{root}/y/a.bin"]
+    assert store.url_of(f"{root}/y/a.bin") == storage.url_of("x/y/a.bin")
+    assert store.path_of(storage.url_of("x/y/a.bin")) == f"{root}/y/a.bin"
+    assert [g.path for g in list_url(storage.url_of("x"))] == ["y/a.bin"]
+    assert canonical_url(storage.url_of("x") + "/") == storage.url_of("x")
+    assert store.delete_tree(f"{root}/y") and store.find(root) == []
 
 
 def test_savepoint_at_another_url(storage: CheckpointStorage, root_url: str) -> None:

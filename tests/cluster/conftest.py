@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sk_cluster import (
+
+from tests.cluster.sk_cluster import (
     AirflowDeployment,
     S3Endpoint,
     SparkCluster,

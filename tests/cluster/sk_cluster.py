@@ -314,8 +314,17 @@ def start_spark(workdir: Path, env: Mapping[str, str], workers: int = 2) -> Spar
             Service(
                 f"spark-worker-{i}",
                 spark_class(
-                    WORKER_CLASS, "--cores", "1", "--memory", "1g", "--host", "127.0.0.1",
-                    "--webui-port", str(free_port()), "--work-dir", str(workdir / f"work-{i}"),
+                    WORKER_CLASS,
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--host",
+                    "127.0.0.1",
+                    "--webui-port",
+                    str(free_port()),
+                    "--work-dir",
+                    str(workdir / f"work-{i}"),
                     cluster.master_url,
                 ),  # fmt: skip
                 base_env(env),

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from sk_cluster import base_env, free_port
 
 from state_engine.catalog import Catalog, upgrade
+from tests.cluster.sk_cluster import base_env, free_port
 
 JOB = "bad-input"
 
@@ -58,8 +58,13 @@ def test_storage_and_master_failures_are_named_and_change_nothing(stack, catalog
     procs = {
         name: statectl(
             env,
-            "maintain", "orphan_cleanup", "--job", "bad-bucket" if name == "bucket" else JOB,
-            "--dry-run", "--run-id", f"bad-{name}",
+            "maintain",
+            "orphan_cleanup",
+            "--job",
+            "bad-bucket" if name == "bucket" else JOB,
+            "--dry-run",
+            "--run-id",
+            f"bad-{name}",
         )  # fmt: skip
         for name, (env, _) in cases.items()
     }

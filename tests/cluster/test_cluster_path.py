@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sk_clicks import clicks_job
-from sk_cluster import APPLICATION, AirflowDeployment, base_env, wait_until
 
 from state_engine.catalog import Catalog
 from state_engine.runtime import CollectedOutput, CollectSink, JobRunner
+from tests.cluster.sk_clicks import clicks_job
+from tests.cluster.sk_cluster import APPLICATION, AirflowDeployment, base_env, wait_until
 
 JOB = "clicks"
 EVERY, KILL_AT = 300, 1700
@@ -152,8 +152,15 @@ def test_the_jobs_application_runs_under_spark_submit_on_the_master(stack) -> No
     done = subprocess.run(
         [
             str(Path(sys.executable).with_name("spark-submit")),
-            "--master", stack.spark.master_url, "--name", name,
-            str(APPLICATION), "orphan_cleanup", "--job", JOB, "--dry-run",
+            "--master",
+            stack.spark.master_url,
+            "--name",
+            name,
+            str(APPLICATION),
+            "orphan_cleanup",
+            "--job",
+            JOB,
+            "--dry-run",
         ],  # fmt: skip
         env=base_env(stack.env),
         capture_output=True,

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from sk_cluster import (
+
+from tests.cluster.sk_cluster import (
     AIRFLOW_COMMANDS,
     AIRFLOW_ENV,
     APPLICATION,
@@ -95,7 +96,7 @@ def test_docker_compose_config_validates_when_a_compose_cli_is_present(tmp_path:
         if docker
         else None
     )
-    if probe is None or probe.returncode != 0:
+    if docker is None or probe is None or probe.returncode != 0:
         pytest.skip("no `docker compose` CLI here (the compose file is checked by the tests above)")
     env_file = tmp_path / ".env"
     env_file.write_text(

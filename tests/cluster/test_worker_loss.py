@@ -14,12 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sk_clicks import clicks_job
-from sk_cluster import APPLICATION, base_env, wait_until
-
 from state_engine.catalog import Catalog, upgrade
 from state_engine.faults import PAUSE_DIR_ENV_VAR, PAUSE_ENV_VAR
 from state_engine.runtime import CollectedOutput, CollectSink, JobRunner
+from tests.cluster.sk_clicks import clicks_job
+from tests.cluster.sk_cluster import APPLICATION, base_env, wait_until
 
 JOB = "worker-loss"
 POINT = "spark.task.started"
@@ -50,11 +49,26 @@ def test_a_worker_killed_mid_job_loses_nothing(
     submit = subprocess.Popen(
         [
             str(Path(sys.executable).with_name("spark-submit")),
-            "--master", stack.spark.master_url, "--name", "statekeeper-rescale-worker-loss",
-            "--conf", f"spark.executorEnv.{PAUSE_ENV_VAR}={POINT}",
-            "--conf", f"spark.executorEnv.{PAUSE_DIR_ENV_VAR}={pauses}",
-            str(APPLICATION), "rescale", "--snapshot", str(source.id), "--parallelism", "3",
-            "--max-parallelism", "256", "--tasks", "4", "--run-id", "worker-loss",
+            "--master",
+            stack.spark.master_url,
+            "--name",
+            "statekeeper-rescale-worker-loss",
+            "--conf",
+            f"spark.executorEnv.{PAUSE_ENV_VAR}={POINT}",
+            "--conf",
+            f"spark.executorEnv.{PAUSE_DIR_ENV_VAR}={pauses}",
+            str(APPLICATION),
+            "rescale",
+            "--snapshot",
+            str(source.id),
+            "--parallelism",
+            "3",
+            "--max-parallelism",
+            "256",
+            "--tasks",
+            "4",
+            "--run-id",
+            "worker-loss",
         ],  # fmt: skip
         env=env,
         stdout=subprocess.PIPE,

@@ -3,13 +3,7 @@ tried and failures."""
 
 from __future__ import annotations
 
-import shutil
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 _TRIED: dict[str, str] = {}  # test id -> outcome, for the crash-point tests only
 
@@ -18,22 +12,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "crash_point(name): a fault-injection test of one crash point (counted)"
     )
-
-
-@pytest.fixture(scope="session")
-def catalog_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from state_engine.catalog import upgrade
-
-    path = tmp_path_factory.mktemp("faults-catalog") / "catalog.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture
-def catalog_url(catalog_template: Path, tmp_path: Path) -> str:
-    path = tmp_path / "catalog.db"
-    shutil.copyfile(catalog_template, path)
-    return f"sqlite:///{path}"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -31,7 +31,7 @@ CONFIGS: dict[str, tuple[str, str, bool]] = {
 }
 
 
-def stream_args(args: argparse.Namespace) -> dict[str, int]:
+def stream_args(args: argparse.Namespace) -> fraud.StreamSize:
     return {
         "partitions": args.partitions,
         "records_per_partition": args.records_per_partition,
@@ -105,7 +105,9 @@ def run_maintenance(args: argparse.Namespace) -> dict[str, Any]:
 
         # A crashed deleter's lease blocks its retry until it expires: LEASE_TTL_S (120 s) in
         # production. The job has no TTL parameter, so the default of FileLease is shortened.
-        deletion.FileLease.__init__.__kwdefaults__["ttl"] = args.lease_ttl
+        defaults = deletion.FileLease.__init__.__kwdefaults__
+        assert defaults is not None and "ttl" in defaults
+        defaults["ttl"] = args.lease_ttl
     runner = importlib.import_module(f"state_engine.jobs.{args.kind}").run
     spark = LazySpark(args.master)
     try:

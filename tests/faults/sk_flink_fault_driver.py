@@ -24,7 +24,9 @@ def run_maintain(args: argparse.Namespace) -> dict[str, Any]:
         from state_engine.jobs import deletion
 
         # as sk_fault_driver: a killed deleter's lease must expire before its retry can start
-        deletion.FileLease.__init__.__kwdefaults__["ttl"] = args.lease_ttl
+        defaults = deletion.FileLease.__init__.__kwdefaults__
+        assert defaults is not None and "ttl" in defaults
+        defaults["ttl"] = args.lease_ttl
     from state_engine.flink.retention import run_maintenance
 
     with Catalog.open(args.catalog) as catalog:

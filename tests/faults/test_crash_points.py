@@ -42,14 +42,18 @@ from state_engine import faults
 from state_engine.catalog import Catalog
 from state_engine.errors import NotFound
 from state_engine.examples import fraud
-from state_engine.jobs.commit import run_tag
+from state_engine.jobs.run import run_tag
 from state_engine.runtime import FileSink
 from state_engine.verify import verify
 
 pytestmark = pytest.mark.slow
 
 DRIVER = Path(__file__).with_name("sk_fault_driver.py")
-STREAM = {"partitions": 4, "records_per_partition": 600, "cards_per_partition": 40}
+STREAM: fraud.StreamSize = {
+    "partitions": 4,
+    "records_per_partition": 600,
+    "cards_per_partition": 40,
+}
 EVERY = 300  # 8 checkpoints over the stream, so retention releases files (retained=3)
 TIMEOUT_S = 180
 
@@ -115,7 +119,7 @@ CANONICAL = fraud_job("heap-canonical", crash_p=3, recover_p=1)
 CASES = [
     Case("checkpoint.after_data_files:2", NATIVE, "data files written, nothing in the catalog"),
     Case("checkpoint.after_attach:2", NATIVE, "files attached, snapshot PENDING, no _metadata"),
-    Case("checkpoint.after_metadata:2", NATIVE, "_metadata written, catalog still PENDING"),
+    Case("commit.after_metadata:2", NATIVE, "_metadata written, catalog still PENDING"),
     Case("checkpoint.after_complete:2", NATIVE, "COMPLETED, sink not yet committed"),
     Case("checkpoint.during_release", NATIVE, "a released file deleted, catalog not told"),
     Case("checkpoint.native.after_shared_upload:7", NATIVE, "a shared SST uploaded, no commit"),
@@ -162,8 +166,8 @@ CASES += [
         "output COMPLETED, chain not yet subsumed",
     ),
     Case("savepoint.after_tasks", SAVEPOINT, "native subtasks captured, nothing attached"),
-    Case("jobs.commit.after_metadata", SAVEPOINT, "savepoint _metadata written, PENDING"),
-    Case("jobs.commit.after_metadata", RESCALE_SAME, "metadata-only: _metadata, PENDING"),
+    Case("commit.after_metadata", SAVEPOINT, "savepoint _metadata written, PENDING"),
+    Case("commit.after_metadata", RESCALE_SAME, "metadata-only: _metadata, PENDING"),
     Case("rescale.after_spill", RESCALE_NEW, "rows spilled by new key group, nothing written"),
     Case("rescale.after_write", RESCALE_NEW, "re-bucketed files written, spill still there"),
     Case(
@@ -180,9 +184,9 @@ CASES += [
 
 
 # The Flink points run in test_flink_crash_points.py (their own driver and fixtures).
-from test_flink_crash_points import FLINK_CASES  # noqa: E402
+from tests.faults.test_flink_crash_points import FLINK_CASES  # noqa: E402
 
-CASES += FLINK_CASES  # type: ignore[arg-type]
+CASES += FLINK_CASES  # type: ignore[arg-type]  # both kinds of case, one table
 
 
 def test_every_crash_point_in_the_engine_is_in_the_table_and_in_its_module() -> None:
@@ -196,7 +200,7 @@ def test_every_crash_point_in_the_engine_is_in_the_table_and_in_its_module() -> 
 
 
 def test_every_maintenance_job_is_killed_at_a_point_of_its_own() -> None:
-    # points in jobs.commit and jobs.deletion are shared; they do not count for a job
+    # points in checkpoint.commit and jobs.deletion are shared; they do not count for a job
     kinds = {c.scenario.kind for c in CASES if isinstance(c.scenario, Maintenance)}
     assert kinds >= {"compaction", "savepoint", "rescale", "expire", "orphan_cleanup"}
     for kind in kinds:
@@ -256,7 +260,9 @@ def test_crash_then_recover(
         "work": str(tmp_path / "work"),
         "out": str(tmp_path / "alerts"),
     }
-    crashed = _run(case.scenario.crash, paths, case.point)
+    scenario = case.scenario
+    assert isinstance(scenario, Scenario)  # FRAUD_CASES
+    crashed = _run(scenario.crash, paths, case.point)
     assert crashed.returncode == -signal.SIGKILL, (
         f"expected death by SIGKILL at {case.point}, got exit {crashed.returncode} "
         f"(the crash point was never reached?)\n{crashed.stdout}\n{crashed.stderr}"
@@ -267,7 +273,7 @@ def test_crash_then_recover(
         before = _completed_files(catalog, fraud.JOB_NAME)
         _assert_verifies(catalog, f"right after the crash at {case.point}")
 
-    recovered = _run(case.scenario.recover, paths, None)
+    recovered = _run(scenario.recover, paths, None)
     assert recovered.returncode == 0, f"recovery failed:\n{recovered.stdout}\n{recovered.stderr}"
     result = json.loads(recovered.stdout.strip().splitlines()[-1])
     assert result["finished"]
@@ -326,7 +332,7 @@ def _stream_args() -> tuple[str, ...]:
 
 @pytest.fixture(scope="session")
 def prepared(
-    tmp_path_factory: pytest.TempPathFactory, catalog_template: Path
+    tmp_path_factory: pytest.TempPathFactory, sqlite_catalog_template: Path
 ) -> Callable[[str], Prepared]:
     base = tmp_path_factory.mktemp("faults-prepared")
     made: dict[str, Prepared] = {}
@@ -335,9 +341,9 @@ def prepared(
         if config not in made:
             prep = Prepared(base / config / "live", base / config / "template")
             prep.live.mkdir(parents=True)
-            shutil.copyfile(catalog_template, prep.live / "catalog.db")
-            argv = ("job", "--config", config, "--parallelism", "2", "--every", str(EVERY))
-            argv += ("--until", str(PREPARE_UNTIL), *_stream_args())
+            shutil.copyfile(sqlite_catalog_template, prep.live / "catalog.db")
+            argv: tuple[str, ...] = ("job", "--config", config, "--parallelism", "2")
+            argv += ("--every", str(EVERY), "--until", str(PREPARE_UNTIL), *_stream_args())
             done = _run(argv, prep.paths, None)
             assert done.returncode == 0, f"preparing {config} failed:\n{done.stderr}"
             shutil.copytree(prep.live, prep.template)
@@ -399,7 +405,14 @@ def test_maintenance_crash_then_retry(
     stored = _stored(storage)
     params = {k: latest.id if v == "latest" else v for k, v in job.params.items()}
     run_id = f"faults-{job.kind}"
-    argv = ("maintain", job.kind, "--run-id", run_id, "--params", json.dumps(params))
+    argv: tuple[str, ...] = (
+        "maintain",
+        job.kind,
+        "--run-id",
+        run_id,
+        "--params",
+        json.dumps(params),
+    )
 
     crashed = _run((*argv, "--lease-ttl", str(CRASH_LEASE_TTL_S)), paths, case.point)
     assert crashed.returncode == -signal.SIGKILL, (
@@ -424,6 +437,7 @@ def test_maintenance_crash_then_retry(
         tagged = [s for s in catalog.list_snapshots(JOB) if s.trigger == run_tag(run_id)]
         if job.deletes == "nothing":
             # one output; what the killed attempt left is FAILED and its directory removed
+            assert run.output_snapshot_id is not None
             out = catalog.get_snapshot(run.output_snapshot_id)
             assert out.status == "COMPLETED" and out.trigger == run_tag(run_id)
             for s in tagged:
@@ -434,7 +448,8 @@ def test_maintenance_crash_then_retry(
         else:
             assert not tagged
             restore_from = latest
-        assert catalog.latest_snapshot(JOB).id == restore_from.id
+        newest = catalog.latest_snapshot(JOB)
+        assert newest is not None and newest.id == restore_from.id
 
         status = {sid: catalog.get_snapshot(sid).status for sid in before}
         expired = {sid for sid, st in status.items() if st == "DISCARDED"}

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from state_engine.flink.metadata import KeyedStateHandle, StreamHandle
+from tests.fixtures.catalog import FakeClock, on_both_databases
+
 ARCHIVE_DIR = Path(os.environ.get("STATEKEEPER_FLINK_FIXTURES", "/work/shared/flink"))
 JAVA_ARCHIVE = "flink-java-dev.tar.gz"
 PYFLINK_ARCHIVE = "flink-2.3-pyflink-snapshots.tar.gz"
@@ -48,6 +51,18 @@ class FlinkFixtures:
         return self.pyflink / backend / "checkpoints" / job
 
 
+def delegate_of(handle: KeyedStateHandle) -> StreamHandle:
+    """The stream of a keyed-state handle (every one in these fixtures has one)."""
+    assert handle.delegate is not None, handle
+    return handle.delegate
+
+
+def local_path(handle: StreamHandle) -> Path:
+    """Where a file handle of these fixtures is on this machine (it has a location)."""
+    assert handle.location is not None, handle
+    return Path(handle.location)
+
+
 def _extract(archive: Path, into: Path) -> None:
     if not archive.exists():
         pytest.skip(f"Flink fixture archive {archive} is missing (set STATEKEEPER_FLINK_FIXTURES)")
@@ -77,13 +92,11 @@ def flink_copy(flink_fixtures: FlinkFixtures, tmp_path: Path) -> Callable[[Path]
     return copy
 
 
-# The catalog fixtures of tests/catalog (a SQLite file and the real PostgreSQL, each empty at
-# head): the Flink import and retention tests run on both databases. (make_pg_database comes
-# from tests/conftest.py.)
-from catalog.conftest import (  # noqa: E402,F401
-    catalog,
-    catalog_url,
-    clock,
-    pg_catalog_url,
-    sqlite_template,
-)
+# The Flink import and retention tests run on both catalog databases, on a clock moved by hand
+# (the catalog fixtures are in tests/fixtures/catalog.py).
+pytest_generate_tests = on_both_databases
+
+
+@pytest.fixture
+def catalog_clock(clock: FakeClock) -> FakeClock:
+    return clock

@@ -19,6 +19,7 @@ from state_engine.cli import main
 from state_engine.errors import FlinkConversionError
 from state_engine.flink import convert
 from state_engine.flink.keyed_state import catalog_flink_metadata
+from state_engine.flink.pyflink import PyFlinkTypes
 from state_engine.hashing import java_string_hash, murmur_hash
 from state_engine.keygroups import compute_operator_index_for_key_group
 from state_engine.serde import serializer_from_snapshot
@@ -81,10 +82,12 @@ def _restored_state(cat: Catalog, root: Path, snapshot_id: int, parallelism: int
                         )
                         value = sers[e.state]["value"].deserialize(e.value)
                         if e.state == "merchants":
+                            assert e.user_key is not None  # a map entry has one
                             o["merchants"][sers[e.state]["user_key"].deserialize(e.user_key)] = (
                                 value
                             )
                         elif e.state == "recent":
+                            assert e.user_key is not None  # a list entry has its index
                             o.setdefault("_recent", []).append(
                                 (struct.unpack(">I", e.user_key)[0], value)
                             )
@@ -163,7 +166,7 @@ def test_pyflink_keys_keep_flinks_row_hash_and_key_group(
     source = flink_fixtures.pyflink / "rocks/savepoints-canonical/savepoint-92444c-91ea7d0af903"
     with _catalog(home) as cat:
         sid = _register(cat, "py", source, 4, "SAVEPOINT")
-        types = convert.PyFlinkTypes.parse(
+        types = PyFlinkTypes.parse(
             ["total=value:LONG", "recent=list:LONG", "merchants=map:STRING:LONG"]
         )
         report = convert.run(
@@ -230,7 +233,7 @@ def test_a_conversion_killed_after_its_metadata_recovers_on_retry(
     # the default savepoint directory: a retry writes under a new name (with a fixed
     # --savepoint-dir the killed attempt's registered _metadata name blocks the retry)
     argv = [str(statectl), "maintain", "savepoint", "--snapshot", str(sid), "--run-id", "conv-1"]
-    env = {**os.environ, "STATEKEEPER_CRASH_AT": "jobs.commit.after_metadata"}
+    env = {**os.environ, "STATEKEEPER_CRASH_AT": "commit.after_metadata"}
     killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     with _catalog(home) as cat:

@@ -135,14 +135,13 @@ def test_key_group_sizes_come_from_the_handles_offsets(
             per_subtask.append(h.delegate.size - first)  # every byte after the header
         assert sum(s.bytes for s in stats) == sum(per_subtask)
         if snap.format == "CANONICAL":
-            empty = {
-                kg
-                for st in meta.operator("agg").subtasks
-                for kg, off in zip(
-                    st.managed_keyed_state.key_groups, st.managed_keyed_state.offsets, strict=True
+            empty: set[int] = set()
+            for st in meta.operator("agg").subtasks:
+                h = st.managed_keyed_state
+                assert h is not None
+                empty.update(
+                    kg for kg, off in zip(h.key_groups, h.offsets, strict=True) if off == 0
                 )
-                if off == 0
-            }
             assert all(s.bytes == 0 for s in stats if s.key_group in empty)
         else:
             assert all(s.bytes > 0 for s in stats)  # heap files hold every key group

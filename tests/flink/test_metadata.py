@@ -193,7 +193,7 @@ def test_rocksdb_checkpoint_shared_files_are_relocated_and_roles_classified(
     m = read_metadata(str(job / "chk-11"))
     refs = m.file_references()
     assert refs and all(r.handle.relocated and r.handle.kind == md.KIND_SHARED for r in refs)
-    assert all(r.handle.location.startswith(str(job / "shared") + "/") for r in refs)
+    assert all((r.handle.location or "").startswith(str(job / "shared") + "/") for r in refs)
     assert all(
         r.handle.name.startswith("file:/tmp/javaflink/runs/dev-rocks/data/checkpoints/")
         for r in refs

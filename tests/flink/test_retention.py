@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -261,3 +262,45 @@ def test_empty_checkpoint_dirs_go_only_past_the_cut_off(
     report = run_maintenance(catalog, "orphan_cleanup", job="hm", older_than="1d")
     assert report["stats"]["dirs_removed"] == 1
     assert not old_empty.exists() and new_empty.exists()
+
+
+def test_expire_older_than_uses_the_time_flink_wrote_each_metadata(
+    catalog_url: str,
+    flink_fixtures: FlinkFixtures,
+    flink_copy: Callable[[Path], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
+    job_dir = flink_copy(flink_fixtures.java_job("hashmap"))  # chk-8, chk-10, chk-11
+    assert cli.main(["flink", "import", str(job_dir), "--job", "hm"]) == 0
+    new = time.time()
+    for chk, mtime in (("chk-8", OLD), ("chk-10", new), ("chk-11", new)):
+        os.utime(job_dir / chk / "_metadata", (mtime, mtime))
+    capsys.readouterr()
+    argv = ["maintain", "expire", "--job", "hm", "--older-than", "1d", "--json"]
+    assert cli.main([*argv, "--dry-run"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert [e["checkpoint_id"] for e in dry["stats"]["expired"]] == [8]
+    assert (job_dir / "chk-8").exists()
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e["checkpoint_id"] for e in out["stats"]["expired"]] == [8]
+    assert _url(job_dir / "chk-8" / "_metadata") in out["deleted"]["items"]
+    assert not (job_dir / "chk-8").exists() and (job_dir / "chk-10" / "_metadata").exists()
+    # The newest checkpoint stays even when it is the old one.
+    os.utime(job_dir / "chk-11" / "_metadata", (OLD, OLD))
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["expired"] == []
+    # A retention that selects every completed checkpoint is refused, nothing deleted.
+    os.utime(job_dir / "chk-10" / "_metadata", (OLD, OLD))
+    before = _files(job_dir)
+    assert cli.main(argv) == 1
+    assert "would remove all 2 completed checkpoints" in capsys.readouterr().err
+    assert _files(job_dir) == before
+    # With --retain-last too, both rules must hold.
+    assert cli.main([*argv, "--retain-last", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e["checkpoint_id"] for e in out["stats"]["expired"]] == [10]
+    with Catalog.open(catalog_url) as cat:
+        assert verify(cat, "hm").ok

@@ -17,13 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state_engine.errors import FlinkStateError, UnsupportedFlinkSerializer
+from state_engine.errors import FlinkStateError, InvalidJobParams, UnsupportedFlinkSerializer
 from state_engine.flink.keyed_state import canonical_records
 from state_engine.flink.metadata import FlinkSnapshotMetadata, read_metadata
 from state_engine.flink.pyflink import PyFlinkTypes
 from state_engine.flink.snapshot_state import snapshot_entries, snapshot_raw_rows, snapshot_rows
 from state_engine.hashing import java_string_hash, murmur_hash
 from state_engine.keygroups import compute_operator_index_for_key_group
+
+from .conftest import delegate_of, local_path
 
 JAVA_SNAPSHOTS = [
     (backend, name)
@@ -201,11 +203,11 @@ def test_unknown_serializer_names_state_and_class_and_raw_still_reads(
     sp = _copy_savepoint(flink_copy, flink_fixtures)
     meta = read_metadata(str(sp))
     assert meta.format == "canonical"
-    files = [kh.delegate for st in meta.operator("agg").subtasks for kh in st.keyed_handles]
+    files = [delegate_of(kh) for st in meta.operator("agg").subtasks for kh in st.keyed_handles]
     long_cls = b"org.apache.flink.api.common.typeutils.base.LongSerializer$LongSerializerSnapshot"
     pojo_cls = b"org.apache.flink.api.java.typeutils.runtime.PojoSerializerSnapshot"
     for h in files:
-        path = Path(h.location)
+        path = local_path(h)
         data = path.read_bytes()
         # the first Long snapshot is the value serializer of state "total"; same-length patch
         # keeps the key-group offsets valid
@@ -220,7 +222,7 @@ def test_unknown_serializer_names_state_and_class_and_raw_still_reads(
     count = sum(
         1
         for h in files
-        for _ in canonical_records(Path(h.location).read_bytes(), list(_offsets(meta, h)), "x")
+        for _ in canonical_records(local_path(h).read_bytes(), list(_offsets(meta, h)), "x")
     )
     assert len(raw) == count > 0
     assert {r["state"] for r in raw} == {"#0", "#1", "#2", "#3"}  # header unreadable: ids
@@ -241,7 +243,7 @@ def test_raw_heap_rows_are_whole_key_groups(flink_fixtures: Any) -> None:
     raw = list(snapshot_raw_rows(meta))
     assert [r["key_group"] for r in raw] == list(range(128))
     (h0,) = meta.operator("agg").subtasks[0].keyed_handles
-    data = h0.delegate.read_bytes()
+    data = delegate_of(h0).read_bytes()
     first = base64.b64decode(raw[0]["value"])
     assert data[h0.offsets[0] : h0.offsets[1]] == first
     assert struct.unpack(">i", first[:4])[0] == 0  # a heap key group starts with its id
@@ -260,8 +262,8 @@ def test_truncated_keyed_file_is_an_error_naming_file_and_offset(
 ) -> None:
     sp = _copy_savepoint(flink_copy, flink_fixtures)
     meta = read_metadata(str(sp))
-    h = meta.operator("agg").subtasks[0].keyed_handles[0].delegate
-    path = Path(h.location)
+    h = delegate_of(meta.operator("agg").subtasks[0].keyed_handles[0])
+    path = local_path(h)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(FlinkStateError) as err:
@@ -276,7 +278,7 @@ def test_missing_rocksdb_file_is_an_error_not_empty_state(
     chk = job / "chk-11"
     meta = read_metadata(str(chk), job_dir=str(job))
     sst = next(
-        lf.handle.location
+        local_path(lf.handle)
         for lf in meta.operator("agg").subtasks[0].keyed_handles[0].shared
         if not lf.handle.inline
     )
@@ -303,7 +305,7 @@ def damaged_inputs(flink_fixtures: Any) -> dict[str, tuple[bytes, list[int], int
     ):
         meta = read_metadata(str(flink_fixtures.java_savepoints("hashmap") / sp))
         kh = meta.operator("agg").subtasks[0].keyed_handles[0]
-        data = kh.delegate.read_bytes()
+        data = delegate_of(kh).read_bytes()
         offsets = [o for o in kh.offsets if o][:3]
         out[name] = (data[: offsets[2]], offsets[:2], kh.key_groups.start)
     return out
@@ -339,7 +341,7 @@ def test_corrupt_sst_block_is_an_error_not_partial_state(
     sp = flink_copy(flink_fixtures.java_savepoints("rocksdb") / "savepoint-0cf791-72b072c25cc0")
     meta = read_metadata(str(sp))
     sst = next(
-        Path(lf.handle.location)
+        local_path(lf.handle)
         for lf in meta.operator("agg").subtasks[0].keyed_handles[0].shared
         if not lf.handle.inline
     )
@@ -349,3 +351,56 @@ def test_corrupt_sst_block_is_an_error_not_partial_state(
     sst.write_bytes(bytes(data))
     with pytest.raises(FlinkStateError, match="Corruption|checksum"):
         snapshot_rows(read_metadata(str(sp)))
+
+
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+@pytest.mark.parametrize("name", ["savepoint-canonical-5", "savepoint-native-9", "chk-11"])
+def test_limit_gives_the_first_rows_of_the_whole_sorted_state(
+    flink_fixtures: Any, backend: str, name: str
+) -> None:
+    meta, _ = _java_meta(flink_fixtures, backend, name)
+    every = snapshot_rows(meta)
+    for limit in (1, 7, 300, len(every) + 5):
+        assert snapshot_rows(meta, limit=limit) == every[:limit]
+    merchants = [r for r in every if r["state"] == "merchants"]
+    assert snapshot_rows(meta, state="merchants", limit=4) == merchants[:4]
+    key = every[-1]["key"]
+    assert snapshot_rows(meta, key=key, limit=2) == [r for r in every if r["key"] == key][:2]
+    with pytest.raises(InvalidJobParams, match="states with rows: lastSeen, merchants"):
+        snapshot_rows(meta, state="nope", limit=3)
+
+
+def test_limit_decodes_only_the_key_groups_it_needs(
+    flink_fixtures: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from state_engine.flink import keyed_state
+
+    meta, _ = _java_meta(flink_fixtures, "hashmap", "savepoint-canonical-5")
+    decoded = collections.Counter()
+    original = keyed_state.StateDecoder.decode
+
+    def counting(self: Any, state: Any, key: bytes, value: bytes) -> Any:
+        decoded["records"] += 1
+        return original(self, state, key, value)
+
+    monkeypatch.setattr(keyed_state.StateDecoder, "decode", counting)
+    # the canonical file is decoded into Arrow tables; Python entries are made from them only
+    # for the key groups the first rows need
+    from state_engine.flink import columnar
+
+    original_entries = columnar.Columns.entries
+
+    def counting_entries(self: Any, *args: Any) -> Any:
+        for e in original_entries(self, *args):
+            decoded["entries"] += 1
+            yield e
+
+    monkeypatch.setattr(columnar.Columns, "entries", counting_entries)
+    rows = snapshot_rows(meta, limit=3)
+    first_kgs = {r["key_group"] for r in rows}
+    total = sum(1 for _ in snapshot_entries(meta))
+    decoded.clear()
+    snapshot_rows(meta, limit=3)
+    assert len(rows) == 3 and max(first_kgs) <= 2
+    assert decoded["records"] == 0  # no record decoded one at a time: all vectorized
+    assert 0 < decoded["entries"] < total / 20

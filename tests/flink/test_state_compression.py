@@ -30,6 +30,8 @@ from state_engine.flink.serializers import Buf
 from state_engine.flink.snappy import STREAM_IDENTIFIER, decompress_block, read_framed
 from state_engine.flink.snapshot_state import snapshot_rows
 
+from .conftest import delegate_of
+
 
 def _varint(n: int) -> bytes:
     out = bytearray()
@@ -108,7 +110,7 @@ def test_compressed_canonical_savepoint_decodes_like_the_original(flink_fixtures
     sp = flink_fixtures.java_savepoints("rocksdb") / "savepoint-0cf791-4e6d47a2e332"
     meta = read_metadata(str(sp))
     kh = meta.operator("agg").subtasks[1].keyed_handles[0]
-    data = kh.delegate.read_bytes()
+    data = delegate_of(kh).read_bytes()
     header = read_proxy_header(data, "x")
     starts = sorted(o for o in kh.offsets if o)
     out = bytearray(data[: header.end])
@@ -131,7 +133,7 @@ def test_compressed_heap_snapshot_decodes_like_the_original(flink_fixtures: Any)
     sp = flink_fixtures.java_savepoints("hashmap") / "savepoint-24b66e-1f90111708b1"
     meta = read_metadata(str(sp))
     kh = meta.operator("agg").subtasks[0].keyed_handles[0]
-    data = kh.delegate.read_bytes()
+    data = delegate_of(kh).read_bytes()
     header = read_proxy_header(data, "x")
     out = bytearray(data[: header.end])
     out[4] = 1
@@ -185,7 +187,7 @@ def test_real_flink_compressed_savepoints_equal_the_jobs_input(kind: str) -> Non
     meta = read_metadata(str(sp))
     for sub in meta.operator("agg").subtasks:
         (kh,) = sub.keyed_handles
-        assert read_proxy_header(kh.delegate.read_bytes(), "x").compression
+        assert read_proxy_header(delegate_of(kh).read_bytes(), "x").compression
     positions = _positions(meta)
     total: collections.Counter[str] = collections.Counter()
     merchants: collections.Counter[tuple[str, str]] = collections.Counter()

@@ -8,11 +8,11 @@ from typing import Any
 from state_engine.backends.heap import HeapKeyedStateBackend
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.checkpoint.canonical import CanonicalWriter, StateEntry, write_operator_state
+from state_engine.checkpoint.canonical import CanonicalWriter, write_operator_state
 from state_engine.checkpoint.metadata import OperatorSnapshot, SnapshotFormat, SnapshotMetadata
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.jobs.canonical_write import RangeOutput, WriteRange
-from state_engine.jobs.commit import begin_output, build_metadata, commit_output
+from state_engine.jobs.output import begin_output
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.serde import StrSerializer
 from state_engine.state import (
@@ -24,6 +24,7 @@ from state_engine.state import (
     TtlTimeDomain,
     ValueStateDescriptor,
 )
+from state_engine.state.meta import StateEntry
 
 MAX_P = 128
 OP = "agg"
@@ -148,6 +149,6 @@ def make_snapshot(
         ),  # fmt: skip
         files=(),
     )
-    meta = build_metadata(out, template, outputs, {OP: [op_file]})
-    record = commit_output(catalog, out, meta, outputs)
+    meta = out.metadata(template, outputs, {OP: [op_file]})
+    record = out.commit(meta, outputs)
     return MadeSnapshot(record, rows, states, op_rows)

@@ -1,22 +1,12 @@
-"""Spark tasks write canonical files, the driver commits: planning, both feeding paths."""
+"""Spark tasks write canonical files, the driver commits: planning the write ranges, running the
+tasks."""
 
 from __future__ import annotations
 
 import pytest
-from jobdata import MAX_P, OP
 
-from state_engine.checkpoint.canonical import read_entries
-from state_engine.checkpoint.metadata import read_metadata, verify
 from state_engine.errors import InvalidJobParams, SparkTaskFailed
-from state_engine.jobs.canonical_write import (
-    TargetSpec,
-    plan_write_ranges,
-    run_range_tasks,
-    write_frame,
-)
-from state_engine.jobs.commit import begin_output, build_metadata, commit_output
-from state_engine.jobs.inputs import load_input
-from state_engine.jobs.spark import spark_url
+from state_engine.jobs.canonical_write import plan_write_ranges, run_range_tasks
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 
 
@@ -67,45 +57,3 @@ def test_a_failing_task_is_raised_only_after_its_siblings_stopped_writing(spark,
     with pytest.raises(SparkTaskFailed, match=r"task 0 of 2 \(0\) failed: OSError: disk full"):
         run_range_tasks(spark, [0, 1], task)
     assert len(list(late.iterdir())) == 2000
-
-
-@pytest.mark.spark
-def test_write_frame_rebuckets_a_dataframe_into_a_committed_snapshot(
-    spark, catalog, storage, snapshot
-):
-    inp = load_input(catalog, snapshot.record.id)
-    # rows in no particular order, as any Spark computation would hand them over
-    snap = inp.snapshot
-    urls = [spark_url(snap.fs.unstrip_protocol(snap.resolve(f.path))) for f in inp.keyed_files(OP)]
-    df = spark.read.parquet(*urls).orderBy("value")
-    out = begin_output(
-        catalog, storage, "orders", kind="SAVEPOINT", parallelism=3, max_parallelism=MAX_P,
-        tag="test",
-    )  # fmt: skip
-    ranges = plan_write_ranges(MAX_P, 3, [OP], 5)
-    outputs = write_frame(df, out.target(row_group_bytes=2048), ranges, operator=OP)
-    assert [o.range for o in outputs] == ranges
-    record = commit_output(catalog, out, build_metadata(out, inp.meta, outputs), outputs)
-    assert record.status == "COMPLETED" and record.entries == len(snapshot.rows)
-    meta = read_metadata(out.snapshot)
-    verify(out.snapshot, meta, deep=True)
-    assert meta.parallelism == 3
-    got = list(read_entries(out.snapshot, meta, (0, MAX_P - 1), operator=OP))
-    assert sorted(got) == sorted(snapshot.rows)
-    assert [r.key_group for r in got] == sorted(r.key_group for r in got)
-    # a restore at the new parallelism reads each subtask's own key groups
-    for st in meta.operator(OP).subtasks:
-        first, last = st.key_group_range
-        part = list(read_entries(out.snapshot, meta, (first, last), operator=OP))
-        assert sorted(part) == sorted(r for r in snapshot.rows if first <= r.key_group <= last)
-
-
-@pytest.mark.spark
-def test_write_frame_refuses_ranges_it_cannot_route(spark, tmp_path):
-    ranges = plan_write_ranges(MAX_P, 2, [OP], 1)
-    target = TargetSpec((tmp_path / "out").as_uri(), MAX_P)
-    df = spark.createDataFrame([], "key_group int")
-    with pytest.raises(InvalidJobParams, match="equal pieces"):
-        write_frame(df, target, [ranges[1], ranges[0]], operator=OP)
-    with pytest.raises(InvalidJobParams, match="equal pieces"):
-        write_frame(df, target, ranges, operator="other")

@@ -5,27 +5,21 @@ job's later delta checkpoints correct."""
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-
-from jobdata import MAX_P, OP, job_rows  # noqa: E402
-from sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of  # noqa: E402
-
-from state_engine.catalog import Catalog  # noqa: E402
-from state_engine.checkpoint import CheckpointManager, HeapBackendFactory  # noqa: E402
-from state_engine.checkpoint.canonical import (  # noqa: E402
+from state_engine.catalog import Catalog
+from state_engine.checkpoint import CheckpointManager, HeapBackendFactory
+from state_engine.checkpoint.canonical import (
     KEYED_SCHEMA,
     CanonicalWriter,
     read_entries,
     write_operator_state,
 )
-from state_engine.checkpoint.delta import (  # noqa: E402
+from state_engine.checkpoint.delta import (
     CLEAR,
     DELETE,
     DELTA_SCHEMA,
@@ -33,7 +27,7 @@ from state_engine.checkpoint.delta import (  # noqa: E402
     fold,
     read_folded,
 )
-from state_engine.checkpoint.metadata import (  # noqa: E402
+from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
     SnapshotFormat,
@@ -41,21 +35,24 @@ from state_engine.checkpoint.metadata import (  # noqa: E402
     read_metadata,
     verify,
 )
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir  # noqa: E402
-from state_engine.errors import InvalidJobParams, MaintenanceJobFailed  # noqa: E402
-from state_engine.jobs import compaction  # noqa: E402
-from state_engine.jobs.canonical_write import RangeOutput, WriteRange  # noqa: E402
-from state_engine.jobs.commit import begin_output, build_metadata, commit_output  # noqa: E402
-from state_engine.jobs.snapshot_read import fold_range  # noqa: E402
-from state_engine.keygroups import compute_key_group_range_for_operator_index  # noqa: E402
-from state_engine.runtime import (  # noqa: E402
+from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
+from state_engine.errors import InvalidJobParams, MaintenanceJobFailed
+from state_engine.jobs import compaction
+from state_engine.jobs.canonical_write import RangeOutput, WriteRange
+from state_engine.jobs.output import begin_output
+from state_engine.jobs.snapshot_read import fold_range
+from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.runtime import (
     CollectedOutput,
     CollectSink,
     Job,
     JobRunner,
-    RecordTimestampClock,  # noqa: E402
+    RecordTimestampClock,
 )
-from state_engine.serde import StrSerializer  # noqa: E402
+from state_engine.serde import StrSerializer
+from state_engine.state.meta import StateEntry
+from tests.jobs.jobdata import MAX_P, OP, job_rows
+from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
 PARTITIONS = 4
 PER_PARTITION = 150
@@ -135,7 +132,7 @@ def _restored_state(catalog: Catalog, storage: str, snapshot: Any, p: int = 2) -
     mgr = CheckpointManager(catalog, storage, "proof", max_parallelism=128, parallelism=p)
     try:
         restored = mgr.restore(snapshot, parallelism=p, factory=HeapBackendFactory())
-        rows = []
+        rows: list[StateEntry] = []
         for st in restored.subtasks:
             for b in st.keyed.values():
                 with b.snapshot_view() as view:
@@ -159,7 +156,8 @@ def test_a_delta_chain_compacts_into_a_checkpoint_that_replaces_it(
     runner = JobRunner(_job(CollectSink(out)), catalog=catalog, storage=storage)
     runner.run_until(records=400, kill=False)  # paused: the job keeps its in-memory chain
     chain = runner.checkpoint()  # waited for: no checkpoint of the job is in flight
-    assert catalog.latest_snapshot("proof").id == chain.id
+    latest = catalog.latest_snapshot("proof")
+    assert latest is not None and latest.id == chain.id
     meta = read_metadata(SnapshotDir.from_url(chain.location))
     assert chain.format == "DELTA"
     assert any(f.kind is FileKind.DELTA for f in meta.files)  # a real chain, not just a base
@@ -172,7 +170,8 @@ def test_a_delta_chain_compacts_into_a_checkpoint_that_replaces_it(
     new = catalog.get_snapshot(report["output_snapshot_id"])
     assert new.status == "COMPLETED" and new.kind == "CHECKPOINT" and new.format == "CANONICAL"
     assert new.checkpoint_id > chain.checkpoint_id
-    assert catalog.latest_snapshot("proof").id == new.id  # restore("latest") picks it
+    latest = catalog.latest_snapshot("proof")
+    assert latest is not None and latest.id == new.id  # restore("latest") picks it
     new_snap = SnapshotDir.from_url(new.location)
     new_meta = read_metadata(new_snap)
     verify(new_snap, new_meta, deep=True)
@@ -232,8 +231,7 @@ def _small_files_snapshot(catalog: Catalog, storage: CheckpointStorage) -> tuple
         operators=(OperatorSnapshot(OP, StrSerializer().snapshot().to_dict(), states, ()),),
         files=(),
     )  # fmt: skip
-    record = commit_output(catalog, out, build_metadata(out, template, outputs, {OP: [op_file]}),
-                           outputs)  # fmt: skip
+    record = out.commit(out.metadata(template, outputs, {OP: [op_file]}), outputs)
     return record, rows
 
 
@@ -294,5 +292,5 @@ def test_bad_input_is_refused_and_recorded(spark: Any, catalog: Catalog, storage
 
     with pytest.raises(SnapshotNotUsable, match="PENDING"):
         compaction.run(spark, catalog, snapshot=pending.id, run_id="pend")
-    assert "PENDING" in catalog.get_run("pend").error
+    assert "PENDING" in (catalog.get_run("pend").error or "")
     assert catalog.get_snapshot(record.id).status == "COMPLETED"

@@ -9,18 +9,28 @@ Threads meet through threading.Events set from the jobs' hooks; nothing sleeps.
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from deletiondata import (
+
+from state_engine.catalog import Catalog
+from state_engine.errors import (
+    DeletionLeaseHeld,
+    DeletionLeaseLost,
+    StaleFencingToken,
+)
+from state_engine.jobs import deletion, expire, orphan_cleanup
+from state_engine.jobs.deletion import (  # type: ignore[attr-defined]  # deletion re-exports it
+    LEASE_TTL_S,
+    file_lease_name,
+)
+from tests.fixtures.catalog import DATABASES, FakeClock
+from tests.jobs.deletiondata import (
     JOB,
     apply,
     checkpoints,
@@ -35,73 +45,20 @@ from deletiondata import (
     restored_state,
     set_age,
 )
-from sqlalchemy import create_engine, inspect, text
-
-from state_engine.catalog import Catalog, upgrade
-from state_engine.errors import (
-    DeletionLeaseHeld,
-    DeletionLeaseLost,
-    StaleFencingToken,
-)
-from state_engine.jobs import deletion, expire, orphan_cleanup
-from state_engine.jobs.deletion import LEASE_TTL_S, file_lease_name
 
 LEASE = file_lease_name(JOB)
-PG_HOST = os.environ.get("STATEKEEPER_TEST_PG", "postgres@127.0.0.1:5432")
-PG_ADMIN_DSN = f"postgresql://{PG_HOST}/postgres"
 WAIT = 60  # a bound on a hung test, never a synchronisation delay
 
 
-class Clock:
-    """The catalog's clock, moved by hand: lease expiry without sleeping."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    try:
-        with psycopg.connect(PG_ADMIN_DSN, connect_timeout=3):
-            pass
-    except psycopg.Error as exc:
-        message = f"PostgreSQL at {PG_HOST} is unreachable ({exc}); start it to run these tests"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    name = f"sk_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://{PG_HOST}/{name}"
-    upgrade(url)
-    yield url
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    """The catalog's clock, moved by hand from the present: lease expiry without sleeping."""
+    return FakeClock(datetime.now(UTC))
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def cat(request: pytest.FixtureRequest, catalog_url: str, clock: Clock) -> Iterator[Catalog]:
-    url = catalog_url
-    if request.param == "postgres":
-        url = request.getfixturevalue("pg_url")
-        engine = create_engine(url)
-        try:
-            with engine.begin() as conn:
-                tables = [t for t in inspect(conn).get_table_names() if t.startswith("sk_")]
-                conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-        finally:
-            engine.dispose()
+@pytest.fixture(params=DATABASES)
+def cat(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Catalog]:
+    url: str = request.getfixturevalue(f"{request.param}_catalog_url")
     with Catalog.open(url, clock=clock) as c:
         yield c
 

@@ -6,7 +6,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from deletiondata import (
+
+from state_engine.errors import (
+    InvalidJobParams,
+    MaintenanceJobFailed,
+    NoSuchJob,
+    NoSuchSnapshot,
+    RetentionRemovesEverything,
+)
+from state_engine.jobs import deletion, expire
+from tests.jobs.deletiondata import (
     JOB,
     checkpoints,
     close,
@@ -17,15 +26,6 @@ from deletiondata import (
     referenced_urls,
     restored_state,
 )
-
-from state_engine.errors import (
-    InvalidJobParams,
-    MaintenanceJobFailed,
-    NoSuchJob,
-    NoSuchSnapshot,
-    RetentionRemovesEverything,
-)
-from state_engine.jobs import deletion, expire
 
 
 @pytest.fixture

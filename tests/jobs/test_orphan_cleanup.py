@@ -6,7 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from deletiondata import (
+
+from state_engine.cli import main as statectl_main
+from state_engine.errors import DeletionLeaseHeld, InvalidJobParams, NoSuchJob
+from state_engine.jobs import __main__ as jobs_main
+from state_engine.jobs import expire, orphan_cleanup
+from state_engine.jobs.deletion import file_lease_name  # type: ignore[attr-defined]  # re-exported
+from tests.jobs.deletiondata import (
     JOB,
     checkpoints,
     close,
@@ -19,12 +25,6 @@ from deletiondata import (
     restored_state,
     set_age,
 )
-
-from state_engine.cli import main as statectl_main
-from state_engine.errors import DeletionLeaseHeld, InvalidJobParams, NoSuchJob
-from state_engine.jobs import __main__ as jobs_main
-from state_engine.jobs import expire, orphan_cleanup
-from state_engine.jobs.deletion import file_lease_name
 
 LEASE = file_lease_name(JOB)
 

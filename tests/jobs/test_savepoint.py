@@ -5,41 +5,39 @@ request; a failing task leaves nothing visible."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-
-from jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot  # noqa: E402
-from sk_runtime_jobs import UserActivity, make_source, state_set, user_of  # noqa: E402
-
-from state_engine.catalog import Catalog  # noqa: E402
-from state_engine.checkpoint import (  # noqa: E402
+from state_engine.catalog import Catalog
+from state_engine.checkpoint import (
     CheckpointManager,
     HeapBackendFactory,
     RocksDBBackendFactory,
 )
-from state_engine.checkpoint.canonical import read_entries  # noqa: E402
-from state_engine.checkpoint.metadata import (  # noqa: E402
+from state_engine.checkpoint.canonical import read_entries
+from state_engine.checkpoint.metadata import (
     FileKind,
     SnapshotKind,
     read_metadata,
     verify,
 )
-from state_engine.checkpoint.storage import SnapshotDir  # noqa: E402
-from state_engine.errors import MaintenanceJobFailed, NoSuchSnapshot  # noqa: E402
-from state_engine.jobs import savepoint  # noqa: E402
-from state_engine.runtime import (  # noqa: E402
+from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
+from state_engine.errors import MaintenanceJobFailed, NoSuchSnapshot
+from state_engine.jobs import savepoint
+from state_engine.runtime import (
     CollectedOutput,
     CollectSink,
     Job,
     JobRunner,
     RecordTimestampClock,
 )
-from state_engine.state import ManualClock  # noqa: E402
+from state_engine.snapshot_enums import SnapshotStatus
+from state_engine.state import ManualClock
+from state_engine.state.meta import StateEntry
+from tests.jobs.jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot
+from tests.runtime.sk_runtime_jobs import UserActivity, make_source, state_set, user_of
 
 pytestmark = pytest.mark.spark
 CLOCK_MS = 1_700_000_000_000  # before every TTL of the proof job ran out: restores drop nothing
@@ -65,7 +63,7 @@ def _restore(catalog: Catalog, storage: str, what: Any, factory: Any, p: int) ->
     mgr = CheckpointManager(catalog, storage, "proof", max_parallelism=128, parallelism=p)
     try:
         restored = mgr.restore(what, parallelism=p, factory=factory, clock=ManualClock(CLOCK_MS))
-        rows = []
+        rows: list[StateEntry] = []
         for st in restored.subtasks:
             for b in st.keyed.values():
                 with b.snapshot_view() as view:
@@ -179,3 +177,74 @@ def test_an_unknown_snapshot_is_a_failed_run(spark: Any, catalog: Catalog, snaps
     with pytest.raises(NoSuchSnapshot):
         savepoint.run(spark, catalog, snapshot=9999, run_id="ghost")
     assert catalog.get_run("ghost").status == "FAILED"
+
+
+def test_a_retry_into_a_fixed_savepoint_dir_cleans_the_first_attempt_and_succeeds(
+    spark: Any, catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = CheckpointStorage((tmp_path / "checkpoints").as_uri())
+    made = make_snapshot(catalog, storage)
+    target = (tmp_path / "sp").as_uri()
+    real = catalog.complete_snapshot
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("catalog connection dropped")
+
+    # the first attempt attached its files and wrote _metadata into the fixed directory, then
+    # failed at the compare-and-swap
+    monkeypatch.setattr(catalog, "complete_snapshot", lost)
+    with pytest.raises(MaintenanceJobFailed, match="connection dropped"):
+        savepoint.run(spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx")
+    (first,) = [s for s in catalog.list_snapshots("orders") if s.kind is SnapshotKind.SAVEPOINT]
+    assert first.status is SnapshotStatus.FAILED and not (tmp_path / "sp").exists()
+    assert catalog.snapshot_files(first.id) == []  # forgotten: the names may be written again
+
+    monkeypatch.setattr(catalog, "complete_snapshot", real)
+    report = savepoint.run(
+        spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx"
+    )
+    assert report["status"] == "SUCCEEDED" and report["attempt"] == 2
+    done = catalog.get_snapshot(report["output_snapshot_id"])
+    assert done.status is SnapshotStatus.COMPLETED
+    assert done.location.rstrip("/") == target.rstrip("/")
+    assert done.entries == len(made.rows)
+    out = SnapshotDir.from_url(done.location)
+    meta = read_metadata(out)
+    verify(out, meta, deep=True)
+    got = list(read_entries(out, meta, (0, MAX_P - 1), operator=OP))
+    assert sorted(got) == sorted(made.rows)
+    again = savepoint.run(
+        spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx"
+    )
+    assert again["skipped"] is True
+
+
+def test_a_retry_after_a_crash_past_metadata_reuses_the_fixed_savepoint_dir(
+    spark: Any, catalog: Catalog, tmp_path: Path
+) -> None:
+    from state_engine.checkpoint.metadata import write_metadata
+    from state_engine.jobs.output import begin_output
+    from state_engine.jobs.run import run_tag
+
+    storage = CheckpointStorage((tmp_path / "checkpoints").as_uri())
+    made = make_snapshot(catalog, storage)
+    target = (tmp_path / "sp").as_uri()
+    # the first attempt was killed after its _metadata was written: PENDING, files attached
+    catalog.start_run("crashed", "savepoint", job="orders", input_snapshot_id=made.record.id)
+    dead = begin_output(
+        catalog, storage, "orders", tag=run_tag("crashed"), kind=SnapshotKind.SAVEPOINT,
+        parallelism=2, max_parallelism=MAX_P, savepoint_dir=target,
+    )  # fmt: skip
+    meta = dead.metadata(read_metadata(SnapshotDir.from_url(made.record.location)), [])
+    dead.pending.attach(meta)
+    write_metadata(dead.snapshot, None, meta)
+    report = savepoint.run(
+        spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="crashed"
+    )
+    assert report["status"] == "SUCCEEDED" and report["attempt"] == 2
+    assert catalog.get_snapshot(dead.record.id).status is SnapshotStatus.FAILED
+    done = catalog.get_snapshot(report["output_snapshot_id"])
+    assert done.status is SnapshotStatus.COMPLETED and done.location == dead.snapshot.url
+    out = SnapshotDir.from_url(done.location)
+    verify(out, read_metadata(out), deep=True)
+    assert done.entries == len(made.rows)

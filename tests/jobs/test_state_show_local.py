@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from jobdata import make_snapshot
 
 import state_engine.jobs.spark as spark_module
 from state_engine.catalog import Catalog
@@ -17,6 +16,7 @@ from state_engine.errors import InvalidJobParams, SnapshotNotUsable
 from state_engine.jobs.commands import register
 from state_engine.jobs.state_inspect import show_rows
 from state_engine.jobs.state_local import plan_show, read_rows
+from tests.jobs.jobdata import make_snapshot
 
 
 def statectl() -> argparse.ArgumentParser:

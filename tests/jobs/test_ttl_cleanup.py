@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot
 
 from state_engine.checkpoint.canonical import read_entries, read_operator_state
 from state_engine.checkpoint.metadata import SnapshotKind, read_metadata, verify
 from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import MaintenanceJobFailed, SnapshotNotUsable
 from state_engine.jobs import ttl_cleanup
+from state_engine.jobs.output import OutputSnapshot
+from tests.jobs.jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot
 
 pytestmark = pytest.mark.spark
 
@@ -112,7 +113,7 @@ def test_retry_after_a_failure_does_not_duplicate_output(spark, catalog, snapsho
     def failing_commit(*args, **kwargs):
         raise boom
 
-    monkeypatch.setattr(ttl_cleanup, "commit_output", failing_commit)
+    monkeypatch.setattr(OutputSnapshot, "commit", failing_commit)
     with pytest.raises(MaintenanceJobFailed, match="disk full"):
         ttl_cleanup.run(spark, catalog, snapshot=snapshot.record.id, at=T0, run_id="r")
     failed = catalog.get_run("r")
@@ -132,7 +133,8 @@ def test_retry_after_a_failure_does_not_duplicate_output(spark, catalog, snapsho
 
 
 def test_a_crashed_attempt_is_cleaned_up_by_the_retry(spark, catalog, snapshot, storage):
-    from state_engine.jobs.commit import begin_output, run_tag
+    from state_engine.jobs.output import begin_output
+    from state_engine.jobs.run import run_tag
 
     # an attempt that died after reserving its snapshot and writing a file
     dead = begin_output(

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 from state_engine.checkpoint.canonical import KEYED_SCHEMA, arrow_array, bool_values, int_values
-from state_engine.jobs import rescale, snapshot_read, ttl_cleanup
+from state_engine.jobs import expiry, rescale, snapshot_read
 from state_engine.keygroups import key_groups_for_hashes
 
 n = 1000
@@ -27,7 +27,7 @@ cols = [
 ]
 batch = pa.RecordBatch.from_arrays(cols, schema=KEYED_SCHEMA)
 table = pa.Table.from_batches([batch])
-dropped = ttl_cleanup.expired_mask(batch, {"count": 500})
+dropped = expiry.expired_mask(batch, {"count": 500})
 kept = batch.filter(arrow_array(~dropped))
 new_kg = key_groups_for_hashes(int_values(batch.column("key_hash")), 256)
 merged = list(rescale._merged([table], 0, 127))

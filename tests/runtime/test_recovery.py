@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
 from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.rocksdb import RocksDBBackendFactory
@@ -23,6 +22,7 @@ from state_engine.runtime import (
     RecordTimestampClock,
 )
 from state_engine.runtime.sinks import Sink
+from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
 PARTITIONS = 4
 SMALL = 150  # records per partition in the matrix
@@ -38,6 +38,7 @@ def proof_job(
     per_partition: int = SMALL,
     fmt: str = "canonical",
     every: int = EVERY,
+    execution: str = "threads",
 ) -> Job:
     return Job(
         "proof",
@@ -50,6 +51,7 @@ def proof_job(
         clock=RecordTimestampClock(),
         checkpoint_interval_records=every,
         checkpoint_format=fmt,
+        execution=execution,
     )
 
 
@@ -82,6 +84,7 @@ def kill_and_restore(
     per_partition: int = SMALL,
     kill_at: int = KILL_AT,
     every: int = EVERY,
+    execution: str = "threads",
 ) -> tuple[Counter[str], set[tuple[Any, ...]]]:
     storage = str(tmp_path / "checkpoints")
     target = CollectedOutput()
@@ -96,7 +99,7 @@ def kill_and_restore(
 
     first = JobRunner(
         proof_job(2, backend_of(before, tmp_path / "a"), sink(), per_partition=per_partition,
-                  fmt=fmt, every=every),
+                  fmt=fmt, every=every, execution=execution),
         catalog=catalog,
         storage=storage,
     )  # fmt: skip
@@ -111,7 +114,7 @@ def kill_and_restore(
 
     second = JobRunner(
         proof_job(new_p, backend_of(after, tmp_path / "b"), sink(), per_partition=per_partition,
-                  fmt=fmt, every=every),
+                  fmt=fmt, every=every, execution=execution),
         catalog=catalog,
         storage=storage,
         restore_from="latest",
@@ -146,11 +149,26 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize(("before", "fmt", "after", "new_p", "sink_kind"), MATRIX)
+#: The matrix again with the subtasks in worker processes (delta checkpoints run in threads only).
+PROCESS_MATRIX = [p for p in MATRIX if p.values[1] != "delta"]
+
+
+@pytest.mark.parametrize(
+    ("execution", "before", "fmt", "after", "new_p", "sink_kind"),
+    [
+        pytest.param("threads", *p.values, id="threads-" + "-".join(map(str, p.values)))
+        for p in MATRIX
+    ]
+    + [
+        pytest.param("processes", *p.values, id="processes-" + "-".join(map(str, p.values)))
+        for p in PROCESS_MATRIX
+    ],
+)
 def test_killed_and_restored_at_another_parallelism_equals_the_uninterrupted_run(
     tmp_path: Path,
     catalog: Any,
     small_reference: tuple[Counter[str], set[tuple[Any, ...]]],
+    execution: str,
     before: str,
     fmt: str,
     after: str,
@@ -158,7 +176,14 @@ def test_killed_and_restored_at_another_parallelism_equals_the_uninterrupted_run
     sink_kind: str,
 ) -> None:
     output, state = kill_and_restore(
-        tmp_path, catalog, before=before, fmt=fmt, after=after, new_p=new_p, sink_kind=sink_kind
+        tmp_path,
+        catalog,
+        before=before,
+        fmt=fmt,
+        after=after,
+        new_p=new_p,
+        sink_kind=sink_kind,
+        execution=execution,
     )
     ref_output, ref_state = small_reference
     assert output == ref_output  # every record exactly once: no loss, no duplicate
@@ -231,3 +256,49 @@ def test_a_delta_job_on_the_default_heap_writes_deltas_after_its_first_base(
     assert len(kinds) >= 3 and FileKind.DELTA not in kinds[0]
     # changes only, not a base each time
     assert any(FileKind.DELTA in k for k in kinds[1:])
+
+
+def test_a_worker_process_sigkilled_mid_checkpoint_fails_the_run_and_a_restore_is_exact(
+    tmp_path: Path,
+    catalog: Any,
+    small_reference: tuple[Counter[str], set[tuple[Any, ...]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RocksDB native incremental checkpoints, p=2 in two workers: each worker SIGKILLs itself
+    after its 10th upload of a shared SST, which falls in checkpoint 2 (checkpoint 1 uploads 9
+    per subtask). The run fails as a killed job, checkpoint 2 never completes, and a restore from
+    checkpoint 1 finishes with exactly the uninterrupted run's output and state."""
+    from state_engine.errors import JobError
+    from state_engine.faults import ENV_VAR
+
+    target = CollectedOutput()
+    storage = str(tmp_path / "checkpoints")
+    job = proof_job(
+        2, RocksDBBackendFactory(tmp_path / "a"), CollectSink(target), fmt="native",
+        execution="processes",
+    ).with_(incremental=True)  # fmt: skip
+    monkeypatch.setenv(ENV_VAR, "checkpoint.native.after_shared_upload:10")
+    first = JobRunner(job, catalog=catalog, storage=storage)
+    with pytest.raises(JobError, match="killed by signal 9"):
+        first.run()
+    monkeypatch.delenv(ENV_VAR)
+    failed = first.result()
+    assert failed.killed and not failed.finished
+    assert [c.checkpoint_id for c in failed.checkpoints] == [1]
+    statuses = {s.checkpoint_id: s.status for s in catalog.list_snapshots("proof")}
+    assert statuses[1] == "COMPLETED" and statuses[2] != "COMPLETED"
+    first.close()
+
+    second = JobRunner(
+        job.with_(backend=RocksDBBackendFactory(tmp_path / "b")),
+        catalog=catalog,
+        storage=storage,
+        restore_from="latest",
+    )
+    with second:
+        done = second.run()
+        assert done.finished and done.restored_from.checkpoint_id == 1
+        assert done.records_in == PARTITIONS * SMALL - EVERY
+        state = state_set(second.state_entries())
+    assert multiset(target.records) == small_reference[0]
+    assert state == small_reference[1]

@@ -10,7 +10,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sk_runtime_jobs import UserActivity, expected_output, make_source, multiset, state_set, user_of
 
 from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory
 from state_engine.errors import InvalidJob, JobError
@@ -30,6 +29,14 @@ from state_engine.runtime import (
     WatermarkStrategy,
 )
 from state_engine.state import ValueStateDescriptor
+from tests.runtime.sk_runtime_jobs import (
+    UserActivity,
+    expected_output,
+    make_source,
+    multiset,
+    state_set,
+    user_of,
+)
 
 
 def proof_job(p: int, backend: Any, out: CollectedOutput, per_partition: int = 150) -> Job:
@@ -94,7 +101,7 @@ def test_each_record_is_processed_by_the_subtask_owning_its_key_group() -> None:
 def test_file_sources_into_a_file_sink(tmp_path: Path) -> None:
     src = tmp_path / "in"
     src.mkdir()
-    rows = [{"k": f"k{i % 5}", "v": i, "ts": 1000 + i} for i in range(60)]
+    rows: list[dict[str, Any]] = [{"k": f"k{i % 5}", "v": i, "ts": 1000 + i} for i in range(60)]
     for part in range(3):
         chunk = rows[part::3]
         if part == 0:
@@ -125,11 +132,11 @@ def test_file_sources_into_a_file_sink(tmp_path: Path) -> None:
         expected_keys = {r["k"] for r in rows[0::3]} if "Jsonl" in type(source).__name__ else None
         if expected_keys is not None:
             assert result.records_skipped == 1 and result.records_in == 20
-        final = {}
+        final: dict[str, int] = {}
         for r in got:
             final[r["k"]] = max(final.get(r["k"], 0), r["total"])
-        part = rows[0::3] if expected_keys else rows[1::3] + rows[2::3]
-        assert final == {k: sum(r["v"] for r in part if r["k"] == k) for k in final}
+        kept = rows[0::3] if expected_keys else rows[1::3] + rows[2::3]
+        assert final == {k: sum(r["v"] for r in kept if r["k"] == k) for k in final}
 
 
 def test_a_killed_run_without_checkpoints_commits_nothing() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,8 +31,11 @@ def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Sink:
     return FileSink(tmp_path / "out") if request.param == "file" else CollectSink()
 
 
-def committed(sink: Sink) -> list[object]:
-    return sink.read_committed() if isinstance(sink, FileSink) else list(sink.records)
+def committed(sink: Sink) -> list[Any]:
+    if isinstance(sink, FileSink):
+        return sink.read_committed()
+    assert isinstance(sink, CollectSink)
+    return list(sink.records)
 
 
 def writers_for(sink: Sink, p: int) -> list[SinkWriter]:

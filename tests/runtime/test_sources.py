@@ -112,7 +112,7 @@ def test_malformed_record_fails_naming_file_and_offset(tmp_path: Path, fmt: str)
         src = ParquetSource(path, watermarks=WM)
         where = "row offset 1"
     reader = fresh_readers(src, 1)[0]
-    assert reader.poll().value == {"ts": 1}  # type: ignore[union-attr]
+    assert reader.poll().value == {"ts": 1}  # type: ignore[union-attr]  # a record is ready
     with pytest.raises(MalformedRecord) as info:
         reader.poll()
     assert str(path) in str(info.value) and where in str(info.value)

@@ -41,7 +41,7 @@ class Timed(KeyedProcessFunction):
 
     def on_timer(self, timestamp: int, ctx: Context) -> None:
         self.fired.update(self.fired.value() + 1)
-        ctx.output((ctx.current_key, timestamp, ctx.time_domain.value))  # type: ignore[union-attr]
+        ctx.output((ctx.current_key, timestamp, ctx.time_domain.value))  # type: ignore[union-attr]  # a timer firing has a time domain
         if ctx.time_domain is TimeDomain.EVENT_TIME and timestamp % 10 == 5:
             # a timer registered while firing, already due: it fires in the same advance
             ctx.timer_service.register_event_time_timer(timestamp + 1)

@@ -45,7 +45,7 @@ from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
 if TYPE_CHECKING:
     from state_engine.backends.heap.snapshot import DeltaSnapshotStrategy
-    from state_engine.checkpoint.metadata import SnapshotFormat
+    from state_engine.snapshot_enums import SnapshotFormat
 
 _POS = struct.Struct(">I")
 # Values whose identity implies their content: a cached row of one stays valid (no TTL).

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.checkpoint.canonical import WrittenFiles
 from state_engine.checkpoint.delta import CLEAR, PUT, DeltaWriter
-from state_engine.checkpoint.metadata import SnapshotFile, SnapshotFormat
+from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.strategies import (
     SHARED_PREFIX,
     Capture,
@@ -30,6 +30,7 @@ from state_engine.checkpoint.strategies import (
     WriteContext,
 )
 from state_engine.faults import crash_point
+from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
     from state_engine.backends.heap.backend import HeapKeyedStateBackend, HeapStateView

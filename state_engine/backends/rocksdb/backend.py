@@ -71,7 +71,7 @@ from state_engine.state.namespace import VOID_NAMESPACE
 from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
 if TYPE_CHECKING:
-    from state_engine.checkpoint.metadata import SnapshotFormat
+    from state_engine.snapshot_enums import SnapshotFormat
 
 _Q = EXPIRES_AT
 _POS = struct.Struct(">I")

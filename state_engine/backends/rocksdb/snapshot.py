@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 
 from state_engine.backends.rocksdb.layout import META_PREFIX, OLD_LIST_SEQ_KEY
 from state_engine.checkpoint.canonical import KeyGroupStats
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile, SnapshotFormat
+from state_engine.checkpoint.metadata import FileKind, SnapshotFile
 from state_engine.checkpoint.storage import SnapshotFileWriter, format_checksum
 from state_engine.checkpoint.strategies import SHARED_PREFIX, Capture, SubtaskResult, WriteContext
 from state_engine.errors import SnapshotFileExists
 from state_engine.faults import crash_point
 from state_engine.keygroups import key_group_prefix_length
+from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
     from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
@@ -198,7 +199,14 @@ class NativeSnapshotStrategy:
         self.backend = backend
 
     def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> NativeCapture:
+        return self.capture_at(operator_uid, subtask_index, ctx.checkpoint_id)
+
+    def capture_at(
+        self, operator_uid: str, subtask_index: int, checkpoint_id: int
+    ) -> NativeCapture:
+        """:meth:`capture` before the snapshot has a :class:`WriteContext` (a worker process
+        captures at the barrier; the parent's manager says later where to write)."""
         root = self.backend.path / "snapshots"
         root.mkdir(parents=True, exist_ok=True)
-        local = root / f"chk-{ctx.checkpoint_id}-{uuid.uuid4().hex[:8]}"
+        local = root / f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
         return NativeCapture(operator_uid, subtask_index, self.backend, local)

@@ -2,8 +2,8 @@
 
 A PENDING snapshot older than the threshold is a commit that never completed (the job died
 between writing files and the compare-and-swap); its files stay pinned until it is failed, after
-which the orphan cleanup reclaims them. Plain functions over a ``Catalog``: no Airflow here, so the
-DAG stays a thin schedule around them.
+which the orphan cleanup reclaims them. Plain functions over a ``Catalog``: the catalog health DAG
+is a thin schedule around them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.catalog.engine import display_url
+from state_engine.snapshot_enums import SnapshotStatus
 
 JsonDict = dict[str, Any]
 
@@ -54,7 +55,7 @@ def health_report(catalog: Catalog, *, now: datetime, stale_pending_after: timed
     cutoff = now - stale_pending_after
     jobs: list[JsonDict] = []
     for job in catalog.list_jobs():
-        pending = catalog.list_snapshots(job.name, status="PENDING")
+        pending = catalog.list_snapshots(job.name, status=SnapshotStatus.PENDING)
         stale = sorted(
             (p for p in pending if p.created_at <= cutoff), key=lambda p: p.checkpoint_id
         )

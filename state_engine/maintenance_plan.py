@@ -1,4 +1,6 @@
-"""What the scheduled DAGs decide from the catalog before they start any Spark work."""
+"""What scheduled maintenance decides from the catalog before it starts any Spark work: how many
+deltas rest on a job's full base (compaction), and which jobs a TTL cleanup can work on. The
+maintenance and TTL cleanup DAGs call these."""
 
 from __future__ import annotations
 

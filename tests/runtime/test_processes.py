@@ -1,0 +1,163 @@
+"""Process-parallel execution: the same output, state, counters and checkpoints as the
+single-thread runner, savepoints across modes, how the mode is chosen, and what it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory
+from state_engine.errors import InvalidJob, JobError
+from state_engine.runtime import (
+    CollectedOutput,
+    CollectSink,
+    Job,
+    JobRunner,
+    RecordTimestampClock,
+)
+from state_engine.runtime.worker_pool import ProcessJobRunner, worker_count
+from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
+
+
+def proof_job(p: int, backend: Any, out: CollectedOutput, execution: str, **kw: Any) -> Job:
+    return Job(
+        "proof",
+        make_source(4, 150),
+        user_of,
+        UserActivity(),
+        CollectSink(out),
+        parallelism=p,
+        backend=backend,
+        clock=RecordTimestampClock(),
+        execution=execution,
+        **kw,
+    )
+
+
+def run_job(job: Job, out: CollectedOutput, **runner: Any) -> tuple[Any, Any, Any]:
+    with JobRunner(job, **runner) as r:
+        result = r.run()
+        return multiset(out.records), state_set(r.state_entries()), result
+
+
+@pytest.mark.parametrize(("p", "kind"), [(2, "heap"), (3, "rocksdb")])
+def test_workers_give_the_single_thread_runs_output_state_counters_and_checkpoints(
+    tmp_path: Path, catalog: Any, p: int, kind: str
+) -> None:
+    runs = {}
+    for mode in ("threads", "processes"):
+        backend = HeapBackendFactory() if kind == "heap" else RocksDBBackendFactory(tmp_path / mode)
+        out = CollectedOutput()
+        job = proof_job(p, backend, out, mode, checkpoint_interval_records=130).with_(
+            name=f"proof-{mode}"
+        )
+        runs[mode] = run_job(job, out, catalog=catalog, storage=str(tmp_path / "ck"))
+    (t_out, t_state, t_res), (p_out, p_state, p_res) = runs["threads"], runs["processes"]
+    assert p_out == t_out and p_state == t_state
+    assert p_res.timings["workers"] == worker_count(p)
+    for field in ("records_in", "records_out", "timers_fired", "late_records", "finished"):
+        assert getattr(p_res, field) == getattr(t_res, field), field
+    # barriers at the same record counts: as many checkpoints, every one completed
+    assert len(p_res.checkpoints) == len(t_res.checkpoints) == 600 // 130 + 1
+    assert not p_res.failed_checkpoints
+
+
+def test_a_savepoint_taken_in_processes_restores_in_threads_at_another_parallelism(
+    tmp_path: Path, catalog: Any
+) -> None:
+    out = CollectedOutput()
+    ref_out, ref_state, _ = run_job(proof_job(2, None, out, "threads"), out)
+    target = CollectedOutput()
+    storage = str(tmp_path / "ck")
+    first = JobRunner(
+        proof_job(2, RocksDBBackendFactory(tmp_path / "a"), target, "processes"),
+        catalog=catalog,
+        storage=storage,
+    )
+    assert isinstance(first, ProcessJobRunner)
+    assert first.run_until(records=270, kill=False).records_in == 270
+    checkpoint = first.checkpoint()
+    savepoint = first.savepoint(tmp_path / "sp")
+    assert checkpoint.kind == "CHECKPOINT" and savepoint.kind == "SAVEPOINT"
+    committed = len(target.records)  # the checkpoint committed the output up to it
+    first.kill()
+    assert committed > 0 and len(target.records) == committed
+    second = JobRunner(
+        proof_job(3, HeapBackendFactory(), target, "threads"),
+        catalog=catalog,
+        storage=storage,
+        restore_from=(tmp_path / "sp").as_uri(),
+    )
+    with second:
+        assert second.run().records_in == 600 - 270
+        assert state_set(second.state_entries()) == ref_state
+    assert multiset(target.records) == ref_out
+
+
+def test_a_paused_and_continued_run_in_processes_equals_one_run() -> None:
+    out, again = CollectedOutput(), CollectedOutput()
+    with JobRunner(proof_job(3, None, out, "processes")) as runner:
+        assert runner.run_until(records=250, kill=False).records_in == 250
+        runner.run_until(records=400, kill=False)
+        result = runner.run()
+        assert sorted(p for ps in runner.partitions() for p in ps) == [f"gen-{i}" for i in range(4)]
+    assert result.finished and result.records_in == 600
+    JobRunner(proof_job(2, None, again, "threads")).run()
+    assert multiset(out.records) == multiset(again.records)
+
+
+def test_a_killed_run_in_processes_commits_nothing_and_holds_no_state() -> None:
+    out = CollectedOutput()
+    runner = JobRunner(proof_job(2, None, out, "processes"))
+    result = runner.run_until(records=300)
+    assert result.killed and result.records_in == 300 and result.records_out > 0
+    assert out.records == []
+    assert all(not _alive(pid) for pid in runner.worker_pids)
+    with pytest.raises(JobError, match="killed"):
+        runner.run()
+    with pytest.raises(JobError, match="no live state"):
+        runner.state_entries()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().find("zombie") < 0
+
+
+def test_the_execution_comes_from_the_job_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = proof_job(2, None, CollectedOutput(), "threads").with_(execution=None)
+    assert type(JobRunner(job)) is JobRunner
+    monkeypatch.setenv("STATEKEEPER_EXECUTION", "processes")
+    assert job.execution_mode == "processes"
+    runner = JobRunner(job)
+    assert isinstance(runner, ProcessJobRunner)
+    runner.close()  # never started: no workers
+    assert type(JobRunner(job.with_(execution="threads"))) is JobRunner
+    monkeypatch.setenv("STATEKEEPER_EXECUTION", "gpu")
+    with pytest.raises(InvalidJob, match="STATEKEEPER_EXECUTION"):
+        JobRunner(job)
+
+
+def test_what_processes_refuse(tmp_path: Path, catalog: Any) -> None:
+    out = CollectedOutput()
+    with pytest.raises(InvalidJob, match="execution"):
+        proof_job(2, None, out, "cluster")
+    with pytest.raises(InvalidJob, match="does not pickle"):
+        JobRunner(proof_job(2, None, out, "processes").with_(key_selector=lambda r: r["user"]))
+    delta = proof_job(2, None, out, "processes", checkpoint_interval_records=100)
+    with pytest.raises(InvalidJob, match="delta"):
+        JobRunner(
+            delta.with_(checkpoint_format="delta"), catalog=catalog, storage=str(tmp_path / "c")
+        )
+    memory = JobRunner(delta, catalog=catalog, storage="memory://ck")
+    with pytest.raises(InvalidJob, match="every process reaches"):
+        memory.run()

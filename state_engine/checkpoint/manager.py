@@ -42,8 +42,6 @@ from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
 )
@@ -78,7 +76,7 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
-from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotStatus
+from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotFormat, SnapshotKind, SnapshotStatus
 
 
 @dataclass

@@ -39,7 +39,6 @@ from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
     read_metadata,
@@ -70,7 +69,7 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
-from state_engine.snapshot_enums import SnapshotStatus
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:

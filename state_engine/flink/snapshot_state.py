@@ -105,7 +105,7 @@ def snapshot_raw_rows(
                 if kh.type == md.SAVEPOINT_KEY_GROUPS and kh.delegate is not None:
                     data = kh.delegate.read_bytes()
                     names, compressed = _names_if_readable(data, where)
-                    records = (
+                    records: Iterator[tuple[str, bytes, bytes]] = (
                         (names.get(sid, f"#{sid}"), k, v)
                         for sid, k, v in canonical_records(
                             data, list(kh.offsets), where, compressed

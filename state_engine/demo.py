@@ -32,10 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.catalog import Catalog, RunRecord, SnapshotRecord
 from state_engine.catalog.engine import parse_url, sqlite_path
 from state_engine.catalog.migrate import upgrade
-from state_engine.checkpoint import RocksDBBackendFactory
 from state_engine.checkpoint.storage import FileStore
 from state_engine.config import Settings
 from state_engine.demo_airflow import REPO, AirflowCli, DemoAirflowError, failure_message

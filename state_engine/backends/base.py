@@ -4,6 +4,12 @@ A backend owns one contiguous key-group range of one operator. ``set_current_key
 key's hash and key group once per record; every state access then reuses them. The snapshot bridge
 (``snapshot_view`` / ``KeyedStateView.iter_entries`` / ``restore_entries``) speaks the canonical row
 (:class:`~state_engine.state.meta.StateEntry`), so any backend's export restores into any other.
+
+A backend's snapshots go through one :class:`SnapshotStrategy` (capture at the barrier, write the
+files asynchronously, describe them): every backend is written canonically by the checkpoint
+package's strategy; ``snapshot_strategy`` names a format of the backend's own (heap: delta on a
+canonical base; RocksDB: its native files). A new backend is one package: its state classes, its
+layout, its strategy and, for a native format, its restore.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from state_engine.errors import (
     IncompatibleSerializer,
@@ -30,9 +36,38 @@ from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import NamespaceSerializer
 from state_engine.state.ttl import INT64_MIN, Clock, SystemClock, TtlTimeDomain
 
+if TYPE_CHECKING:
+    from state_engine.checkpoint.strategies import Capture, WriteContext
+    from state_engine.snapshot_enums import SnapshotFormat
+
 _time_ns = time.time_ns
 
-__all__ = ["ChangedKey", "KeyedStateBackend", "KeyedStateView", "StateEntry", "StateMetaInfo"]
+__all__ = [
+    "ChangedKey",
+    "KeyedStateBackend",
+    "KeyedStateView",
+    "SnapshotStrategy",
+    "StateEntry",
+    "StateMetaInfo",
+]
+
+
+class SnapshotStrategy(Protocol):
+    """How one backend's keyed state becomes snapshot files (Flink's ``SnapshotStrategy``); each
+    strategy object belongs to one backend.
+
+    :meth:`capture` runs on the task thread at the barrier and only fixes a consistent view; the
+    returned capture's ``write_files`` then writes the files asynchronously (checkpoint thread or
+    a forked child) and its ``result`` describes them for ``_metadata`` and the catalog, with an
+    optional ``on_complete`` the manager calls on the task thread once the snapshot completed.
+    """
+
+    @property
+    def format(self) -> SnapshotFormat:
+        """The format its files are recorded as in ``_metadata``."""
+
+    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> Capture[Any]:
+        """Fix the view of the strategy's backend (task thread, short)."""
 
 
 class ChangedKey(NamedTuple):
@@ -76,6 +111,13 @@ class KeyedStateView(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def null_element(name: str) -> StateError:
+    """The error for a None element added to a list state (every backend refuses it)."""
+    return StateError(
+        f"list state {name!r} cannot hold None: filter None out before adding (as in Flink)"
+    )
 
 
 def _describe_meta(meta: StateMetaInfo) -> dict[str, Any]:
@@ -419,6 +461,11 @@ class KeyedStateBackend(ABC):
         (``view.changed()``); only backends that track changes support it.
         """
 
+    def snapshot_strategy(self, format: SnapshotFormat) -> SnapshotStrategy | None:
+        """The backend's own strategy for ``format``; None: it is written canonically (every
+        backend can be). Raises InvalidSnapshotRequest if the backend cannot take the format."""
+        return None
+
     def confirm_view(self, view_id: int) -> None:
         """The snapshot built from view ``view_id`` completed (no-op unless changes are tracked)."""
         return None
@@ -433,6 +480,10 @@ class KeyedStateBackend(ABC):
 
     def close(self) -> None:
         self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:

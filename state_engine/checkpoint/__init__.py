@@ -24,7 +24,7 @@ _EXPORTS = {
     "FORMAT_VERSION": "state_engine.checkpoint.metadata",
     "FileInfo": "state_engine.checkpoint.storage",
     "FileKind": "state_engine.checkpoint.metadata",
-    "HeapBackendFactory": "state_engine.checkpoint.state",
+    "HeapBackendFactory": "state_engine.backends.heap",
     "KEYED_SCHEMA": "state_engine.checkpoint.canonical",
     "KeyGroupRun": "state_engine.checkpoint.metadata",
     "KeyGroupStats": "state_engine.checkpoint.canonical",
@@ -35,7 +35,7 @@ _EXPORTS = {
     "ReadStats": "state_engine.checkpoint.storage",
     "RestoreMode": "state_engine.checkpoint.state",
     "RestoredState": "state_engine.checkpoint.state",
-    "RocksDBBackendFactory": "state_engine.checkpoint.state",
+    "RocksDBBackendFactory": "state_engine.backends.rocksdb",
     "SharedStateRegistry": "state_engine.checkpoint.registry",
     "SnapshotDir": "state_engine.checkpoint.storage",
     "SnapshotFile": "state_engine.checkpoint.metadata",
@@ -63,6 +63,8 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
+    from state_engine.backends.heap import HeapBackendFactory
+    from state_engine.backends.rocksdb import RocksDBBackendFactory
     from state_engine.checkpoint.canonical import (
         KEYED_SCHEMA,
         OPERATOR_SCHEMA,
@@ -97,10 +99,8 @@ if TYPE_CHECKING:
     )
     from state_engine.checkpoint.registry import SharedStateRegistry
     from state_engine.checkpoint.state import (
-        HeapBackendFactory,
         RestoredState,
         RestoreMode,
-        RocksDBBackendFactory,
         StateBackendFactory,
         SubtaskState,
     )

@@ -24,7 +24,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.base import KeyedStateBackend, SnapshotStrategy
 from state_engine.catalog.records import KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
 from state_engine.checkpoint.canonical import (
@@ -42,17 +42,18 @@ from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
 )
 from state_engine.checkpoint.registry import SharedStateRegistry
+from state_engine.checkpoint.restore import restore_snapshot
 from state_engine.checkpoint.state import (
+    OPERATOR_STATE_PREFIX,
     RestoredState,
     RestoreMode,
     StateBackendFactory,
     SubtaskState,
+    operator_state_key,
 )
 from state_engine.checkpoint.storage import (
     CheckpointStorage,
@@ -61,10 +62,8 @@ from state_engine.checkpoint.storage import (
 from state_engine.checkpoint.strategies import (
     CanonicalSnapshotStrategy,
     Capture,
-    NativeSnapshotStrategy,
     SubtaskResult,
     WriteContext,
-    is_native,
 )
 from state_engine.errors import (
     CheckpointError,
@@ -77,14 +76,7 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
-from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotStatus
-
-OPERATOR_STATE_PREFIX = "@operator/"
-
-
-def operator_state_key(name: str) -> str:
-    """Where an operator state's meta sits in ``OperatorSnapshot.states`` (keyed states: name)."""
-    return OPERATOR_STATE_PREFIX + name
+from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotFormat, SnapshotKind, SnapshotStatus
 
 
 @dataclass
@@ -108,7 +100,7 @@ class _Job:
     kind: SnapshotKind
     format: SnapshotFormat
     parallelism: int
-    captures: list[Capture]
+    captures: list[Capture[Any]]
     operator_rows: dict[str, dict[int, tuple[list[Any], dict[str, dict[str, Any]]]]]
     incremental: bool
     parent: SnapshotRecord | None
@@ -226,9 +218,8 @@ class CheckpointManager:
         self._force_full = False
         self._registered_states: dict[tuple[str, str], Any] = {}
         self._closed = False
-        # heap delta chains, per (operator uid, subtask): see delta.py
-        self._chains: dict[tuple[str, int], Any] = {}
-        self._to_confirm: list[Any] = []
+        # what completed checkpoints' strategies do on the task thread (checkpoint id, hook)
+        self._to_confirm: list[tuple[int, Callable[[], None]]] = []
         self._in_flight: dict[int, _Job] = {}
 
     # --- snapshots ---
@@ -247,8 +238,7 @@ class CheckpointManager:
         kind_ = self._check_kind(kind, savepoint_dir)
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
-        if fmt is SnapshotFormat.DELTA:
-            self._check_tracking(subtasks)
+        strategies = self._strategies(subtasks, fmt)
         self.notify_checkpoint_complete()
         incremental = (
             kind_ is SnapshotKind.CHECKPOINT
@@ -267,13 +257,16 @@ class CheckpointManager:
             cancelled=threading.Event(),
             registry=self.registry,
             row_group_bytes=self.row_group_bytes,
+            full_every=self.full_every,
         )
-        captures: list[Capture] = []
+        captures: list[Capture[Any]] = []
         try:
             for st in subtasks:
                 for uid in sorted(st.keyed):
+                    strategy = strategies.get((st.subtask_index, uid))
+                    backend = st.keyed[uid]
                     captures.append(
-                        self._capture(fmt, uid, st.subtask_index, st.keyed[uid], record, ctx)
+                        self._capture(strategy, uid, st.subtask_index, backend, fmt, record, ctx)
                     )
             operator_rows = {
                 uid: {
@@ -391,18 +384,27 @@ class CheckpointManager:
         self.parallelism = p
         return p
 
-    def _check_tracking(self, subtasks: Sequence[SubtaskState]) -> None:
-        # Without change tracking every "delta" would be a full base recorded as DELTA: a silent
-        # full checkpoint each time. Refused before a snapshot is reserved, so nothing is written.
+    def _strategies(
+        self, subtasks: Sequence[SubtaskState], fmt: SnapshotFormat
+    ) -> dict[tuple[int, str], SnapshotStrategy]:
+        """Each backend's strategy for ``fmt`` (its own, or canonical). Asked before a snapshot
+        is reserved, so a backend that refuses the format leaves nothing written."""
+        out: dict[tuple[int, str], SnapshotStrategy] = {}
         for st in subtasks:
             for uid, b in st.keyed.items():
-                if not is_native(b) and not getattr(b, "track_changes", False):
+                if getattr(b, "remote_capture", None) is not None:
+                    continue  # its worker process picks the strategy (see _capture)
+                try:
+                    strategy = b.snapshot_strategy(fmt)
+                except InvalidSnapshotRequest as exc:
                     raise InvalidSnapshotRequest(
-                        f"delta checkpoints of job {self.job!r} need change tracking, but the "
-                        f"heap backend of operator {uid!r}, subtask {st.subtask_index} has none: "
-                        "create it with HeapBackendFactory(track_changes=True) (the JobRunner "
-                        "does so for checkpoint_format='delta'), or use format 'canonical'"
-                    )
+                        f"{str(fmt).lower()} snapshot of job {self.job!r}, operator {uid!r}, "
+                        f"subtask {st.subtask_index}: {exc}"
+                    ) from exc
+                if strategy is None:
+                    strategy = CanonicalSnapshotStrategy(b)
+                out[(st.subtask_index, uid)] = strategy
+        return out
 
     def _begin(
         self,
@@ -428,24 +430,19 @@ class CheckpointManager:
 
     def _capture(
         self,
-        fmt: SnapshotFormat,
+        strategy: SnapshotStrategy | None,
         uid: str,
         index: int,
         backend: KeyedStateBackend,
+        fmt: SnapshotFormat,
         record: SnapshotRecord,
         ctx: WriteContext,
-    ) -> Capture:
+    ) -> Capture[Any]:
         remote = getattr(backend, "remote_capture", None)
         if remote is not None:  # a subtask in a worker process captures and writes it there
             return remote(fmt, uid, index, record, ctx)  # type: ignore[no-any-return]
-        if fmt is SnapshotFormat.NATIVE and is_native(backend):
-            return NativeSnapshotStrategy(record.checkpoint_id).capture(uid, index, backend)
-        if fmt is SnapshotFormat.DELTA and not is_native(backend):
-            from state_engine.checkpoint.heap_delta import DeltaSnapshotStrategy
-
-            strategy = DeltaSnapshotStrategy(self, record.checkpoint_id, ctx.incremental)
-            return strategy.capture(uid, index, backend)
-        return CanonicalSnapshotStrategy().capture(uid, index, backend)
+        assert strategy is not None
+        return strategy.capture(uid, index, ctx)
 
     # --- asynchronous phase ---
 
@@ -519,7 +516,7 @@ class CheckpointManager:
         return got
 
     @staticmethod
-    def _release(captures: Sequence[Capture]) -> None:
+    def _release(captures: Sequence[Capture[Any]]) -> None:
         for c in captures:
             with contextlib.suppress(Exception):
                 c.release()
@@ -666,8 +663,8 @@ class CheckpointManager:
             self._owned[record.id] = record
             self.registry.register(meta.files)
             for r in results:
-                if r.chain is not None:
-                    self._to_confirm.append((record.checkpoint_id, r))
+                if r.on_complete is not None:
+                    self._to_confirm.append((record.checkpoint_id, r.on_complete))
         self._subsume()
         self.collect_garbage()
 
@@ -734,10 +731,11 @@ class CheckpointManager:
         with contextlib.suppress(Exception):
             self.collect_garbage()
 
-    # --- heap delta confirmation ---
+    # --- completion on the task thread ---
 
     def notify_checkpoint_complete(self, checkpoint_id: int | None = None) -> None:
-        """Confirm the heap delta views of completed checkpoints (up to ``checkpoint_id``).
+        """Tell the strategies of completed checkpoints (up to ``checkpoint_id``) so: the heap
+        delta strategy confirms its view and continues its chain from the new files.
 
         Call it from the task thread (the thread that writes state); ``trigger`` calls it too,
         so a runtime that never calls it still gets correct deltas.
@@ -749,10 +747,8 @@ class CheckpointManager:
                 if checkpoint_id is None or cid <= checkpoint_id
             ]
             self._to_confirm = [x for x in self._to_confirm if x not in ready]
-        for _cid, r in ready:
-            from state_engine.checkpoint.heap_delta import confirm
-
-            confirm(self, r)
+        for _cid, on_complete in ready:
+            on_complete()
 
     # --- restore ---
 
@@ -775,8 +771,6 @@ class CheckpointManager:
         ``subtask_indexes``: restore only these subtasks of the new parallelism (default: all);
         ``RestoredState.subtasks`` then holds just those, in the given order.
         """
-        from state_engine.checkpoint.restore import restore_snapshot
-
         restored, files = restore_snapshot(
             self,
             snapshot,
@@ -788,7 +782,6 @@ class CheckpointManager:
         )
         self.parallelism = parallelism
         with self._lock:
-            self._chains.clear()
             self._to_confirm.clear()
             if mode is RestoreMode.CLAIM:
                 rec = restored.snapshot

@@ -4,10 +4,11 @@ At the same max parallelism a new subtask owns one key-group range; it reads
 
 - canonical files: only the files and row groups whose index overlaps its range;
 - delta chains: the base and delta row groups of its range, folded;
-- native RocksDB files: with a RocksDB factory, the DB of the old subtask that overlaps it most
-  is downloaded and opened, and the foreign key groups are cut out with ``delete_range`` (as Flink
-  does); other overlapping DBs are opened aside and their rows of the range inserted. With a heap
-  factory every overlapping DB is opened aside and exported as canonical rows (the bridge).
+- native RocksDB files, through the RocksDB package (``backends/rocksdb/restore.py``): a factory
+  that opens native files in place (RocksDB's) gets the DB of the old subtask that overlaps it
+  most, with the foreign key groups cut out (as Flink does); other overlapping DBs are opened
+  aside and their rows of the range inserted. With a heap factory every overlapping DB is opened
+  aside and exported as canonical rows (the bridge).
 
 Operator state goes through :func:`~state_engine.backends.operator_state.redistribute` by its mode.
 Nothing is written to the catalog before the snapshot's ``_metadata``, files and serializers
@@ -17,11 +18,7 @@ check out.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
-import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import KeyedStateBackend
@@ -39,21 +36,22 @@ from state_engine.checkpoint.canonical import (
 from state_engine.checkpoint.commit import register
 from state_engine.checkpoint.delta import read_folded
 from state_engine.checkpoint.metadata import (
-    METADATA_FILE,
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
     read_metadata,
     verify,
 )
-from state_engine.checkpoint.state import RestoredState, StateBackendFactory, SubtaskState
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir, format_checksum
-from state_engine.checkpoint.strategies import SHARED_PREFIX, local_name_of
+from state_engine.checkpoint.state import (
+    OPERATOR_STATE_PREFIX,
+    RestoredState,
+    StateBackendFactory,
+    SubtaskState,
+)
+from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import (
-    ChecksumMismatch,
     IncompatibleSerializer,
     InvalidParallelism,
     InvalidSnapshotRequest,
@@ -71,14 +69,13 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
-from state_engine.snapshot_enums import SnapshotStatus
+from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
     from state_engine.checkpoint.manager import CheckpointManager
 
 _NATIVE = {FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE}
-_CHUNK = 1 << 20
 
 
 def resolve_snapshot(
@@ -151,8 +148,6 @@ def _key_serializer(op: OperatorSnapshot, given: Any, where: str) -> TypeSeriali
 def _state_metas(
     op: OperatorSnapshot, where: str
 ) -> tuple[dict[str, StateMetaInfo], dict[str, OperatorStateMeta]]:
-    from state_engine.checkpoint.manager import OPERATOR_STATE_PREFIX
-
     keyed: dict[str, StateMetaInfo] = {}
     operator: dict[str, OperatorStateMeta] = {}
     for name, m in op.states.items():
@@ -304,23 +299,23 @@ def _restore_keyed(
     native = [s for s in sources if kinds[s.index] & _NATIVE]
     backend: KeyedStateBackend | None = None
     rest = sources
-    if native and factory.kind == "rocksdb" and hasattr(factory, "open_restored"):
-        base = max(native, key=lambda s: len(_overlap(s, rng)))
-        backend = factory.open_restored(
-            op.operator_id,
-            index,
-            key_ser,
-            max_p,
-            rng,
-            clock,
-            lambda db: _download(manager, snap, meta, base, db, stats),
+    if native:
+        # RocksDB's files, read by the RocksDB package (loaded only for native snapshots)
+        from state_engine.backends.rocksdb.restore import (
+            NativeRestoreFactory,
+            NativeSource,
+            insert_rows,
         )
-        first, last = base.key_group_range
-        if first < rng.start:
-            backend.delete_key_group_range(KeyGroupRange.of(first, rng.start - 1))  # type: ignore[attr-defined]
-        if last > rng.end:
-            backend.delete_key_group_range(KeyGroupRange.of(rng.end + 1, last))  # type: ignore[attr-defined]
-        rest = [s for s in sources if s is not base]
+
+        def source(s: SubtaskSnapshot) -> NativeSource:
+            return NativeSource(snap, meta, s, stats, manager.registry)
+
+        if isinstance(factory, NativeRestoreFactory):
+            base = max(native, key=lambda s: len(_overlap(s, rng)))
+            backend = factory.restore_native(
+                op.operator_id, index, key_ser, max_p, rng, clock, source(base)
+            )
+            rest = [s for s in sources if s is not base]
     if backend is None:
         backend = factory.create(op.operator_id, index, key_ser, max_p, rng, clock)
     try:
@@ -328,7 +323,7 @@ def _restore_keyed(
         delta = False
         for s in rest:
             if kinds[s.index] & _NATIVE:
-                _restore_native_aside(manager, snap, meta, s, rng, backend, key_ser, stats)
+                insert_rows(source(s), rng, backend, key_ser)
             elif FileKind.DELTA in kinds[s.index]:
                 delta = True
             else:
@@ -355,65 +350,3 @@ def _restore_keyed(
         backend.close()
         raise
     return backend
-
-
-def _download(
-    manager: CheckpointManager,
-    snap: SnapshotDir,
-    meta: SnapshotMetadata,
-    source: SubtaskSnapshot,
-    db: Path,
-    stats: ReadStats,
-) -> None:
-    for p in source.files:
-        f = meta.file(p)
-        name = local_name_of(p)
-        # Every byte passes through here anyway: checking it costs one crc32 per chunk, and a
-        # flipped byte in an SST would otherwise be restored silently (RocksDB checks block
-        # checksums only when it happens to read the block).
-        crc = 0
-        with snap.open_input(p, stats) as src, open(db / name, "xb") as out:
-            while chunk := src.read(_CHUNK):
-                crc = zlib.crc32(chunk, crc)
-                out.write(chunk)
-        actual = format_checksum(crc)
-        if actual != f.checksum:
-            raise ChecksumMismatch(
-                f"file {p!r} of snapshot {snap.url} has checksum {actual}, but {METADATA_FILE} "
-                f"recorded {f.checksum}; its content is corrupt: restore from another snapshot"
-            )
-        if f.kind is FileKind.NATIVE_SST and p.startswith(SHARED_PREFIX):
-            manager.registry.remember_checksum(str(db), name, f.size, f.checksum)
-
-
-def _restore_native_aside(
-    manager: CheckpointManager,
-    snap: SnapshotDir,
-    meta: SnapshotMetadata,
-    source: SubtaskSnapshot,
-    rng: KeyGroupRange,
-    target: KeyedStateBackend,
-    key_ser: TypeSerializer,
-    stats: ReadStats,
-) -> None:
-    """Open an old subtask's DB in a scratch directory and insert its rows of ``rng``."""
-    from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
-
-    scratch = Path(tempfile.mkdtemp(prefix="sk-restore-"))
-    try:
-        (scratch / "db").mkdir()
-        _download(manager, snap, meta, source, scratch / "db", stats)
-        aside = RocksDBKeyedStateBackend(
-            scratch, key_ser, meta.max_parallelism, KeyGroupRange.of(*source.key_group_range)
-        )
-        try:
-            with aside.snapshot_view() as view:
-                target.restore_entries(_iter(view, rng), dict(view.states))
-        finally:
-            aside.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _iter(view: Any, rng: KeyGroupRange) -> Iterator[Any]:
-    yield from view.iter_entries(rng)

@@ -1,23 +1,18 @@
 """What a snapshot takes from a running job and gives back on restore.
 
 :class:`SubtaskState` is one subtask's backends (keyed and operator state, per operator uid);
-a :class:`StateBackendFactory` makes keyed backends for restored subtasks; :class:`RestoreMode`
-decides who owns the restored snapshot (Flink's CLAIM / NO_CLAIM).
+a :class:`StateBackendFactory` makes keyed backends for restored subtasks (each backend package
+has one: ``HeapBackendFactory``, ``RocksDBBackendFactory``); :class:`RestoreMode` decides who owns
+the restored snapshot (Flink's CLAIM / NO_CLAIM).
 """
 
 from __future__ import annotations
 
-import inspect
-import re
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from state_engine.backends.base import KeyedStateBackend
-from state_engine.backends.heap import HeapKeyedStateBackend
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.storage import ReadStats
 from state_engine.keygroups import KeyGroupRange
@@ -25,6 +20,14 @@ from state_engine.state.ttl import Clock
 
 if TYPE_CHECKING:
     from state_engine.catalog.records import SnapshotRecord
+
+#: where an operator state's meta sits in ``OperatorSnapshot.states`` (keyed states: their name)
+OPERATOR_STATE_PREFIX = "@operator/"
+
+
+def operator_state_key(name: str) -> str:
+    """The key of operator state ``name`` in ``OperatorSnapshot.states``."""
+    return OPERATOR_STATE_PREFIX + name
 
 
 @dataclass
@@ -78,94 +81,3 @@ class StateBackendFactory(Protocol):
         key_group_range: KeyGroupRange,
         clock: Clock | None,
     ) -> KeyedStateBackend: ...
-
-
-def _accepts(cls: type, name: str) -> bool:
-    try:
-        return name in inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-class HeapBackendFactory:
-    """Heap backends; ``track_changes`` (for heap delta checkpoints) when the backend offers it."""
-
-    kind = "heap"
-
-    def __init__(self, *, track_changes: bool = False) -> None:
-        self.track_changes = track_changes
-
-    def create(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None = None,
-    ) -> HeapKeyedStateBackend:
-        kwargs: dict[str, Any] = {}
-        if self.track_changes and _accepts(HeapKeyedStateBackend, "track_changes"):
-            kwargs["track_changes"] = True
-        return HeapKeyedStateBackend(
-            key_serializer, max_parallelism, key_group_range, clock, **kwargs
-        )
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
-
-
-class RocksDBBackendFactory:
-    """RocksDB backends, each in a fresh directory under ``base_dir``.
-
-    :meth:`open_restored` opens a backend over DB files a restore puts in place (native
-    snapshots): ``fill`` is called with the empty ``db`` directory before the DB is opened.
-    """
-
-    kind = "rocksdb"
-
-    def __init__(self, base_dir: str | Path) -> None:
-        self.base_dir = Path(base_dir)
-
-    def new_path(self, operator_uid: str, subtask_index: int) -> Path:
-        # A fresh directory per backend: a restore never opens the files of a live backend.
-        safe = _UNSAFE.sub("_", operator_uid)[:80]
-        path = self.base_dir / f"{safe}-{subtask_index}-{uuid.uuid4().hex[:12]}"
-        path.mkdir(parents=True, exist_ok=False)
-        return path
-
-    def create(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None = None,
-    ) -> KeyedStateBackend:
-        from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
-
-        path = self.new_path(operator_uid, subtask_index)
-        return RocksDBKeyedStateBackend(
-            path, key_serializer, max_parallelism, key_group_range, clock
-        )
-
-    def open_restored(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None,
-        fill: Callable[[Path], None],
-    ) -> KeyedStateBackend:
-        from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
-
-        path = self.new_path(operator_uid, subtask_index)
-        db = path / "db"
-        db.mkdir()
-        fill(db)
-        return RocksDBKeyedStateBackend(
-            path, key_serializer, max_parallelism, key_group_range, clock
-        )

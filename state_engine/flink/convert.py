@@ -48,12 +48,7 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import FlinkConversionError, UnsupportedFlinkSerializer
-from state_engine.flink.keyed_state import (
-    ProxyHeader,
-    operator_label,
-    read_proxy_header,
-    snapshot_entries,
-)
+from state_engine.flink.keyed_state import ProxyHeader, operator_label, read_proxy_header
 from state_engine.flink.pyflink import PyFlinkTypes, is_pyflink_entry, pyflink_entry
 from state_engine.flink.serializers import (
     FlinkSerializer,
@@ -63,6 +58,7 @@ from state_engine.flink.serializers import (
     TtlSerializer,
     _Scalar,
 )
+from state_engine.flink.snapshot_state import snapshot_entries
 from state_engine.hashing import java_long_hash, java_string_hash, murmur_hash
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.serde import (

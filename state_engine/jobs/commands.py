@@ -348,8 +348,9 @@ def _statekeeper_state_rows(
 
 def _flink_state_rows(catalog: Any, args: argparse.Namespace) -> list[dict[str, Any]] | None:
     """Rows of a snapshot of a Flink job, decoded in-process from Flink's bytes (no Spark)."""
-    from state_engine.flink.keyed_state import catalog_flink_metadata, snapshot_rows
+    from state_engine.flink.keyed_state import catalog_flink_metadata
     from state_engine.flink.pyflink import PyFlinkTypes
+    from state_engine.flink.snapshot_state import snapshot_rows
 
     meta = catalog_flink_metadata(catalog, args.snapshot)
     if meta is None:

@@ -19,10 +19,10 @@ checkpoint manager's garbage collection or the expire job removes releasable fil
 A running job keeps writing deltas on its in-memory chain (its own last checkpoint), not on the
 compacted snapshot: a delta it writes next re-attaches the chain's files (the catalog counts the
 reference again), and if its manager already deleted them as releasable it has forgotten them too,
-and writes a new base instead (``heap_delta.DeltaCapture.prepare``). To keep a checkpoint in flight
-from referencing a file while it is being released, the chain is not released while the job has a
-PENDING snapshot of its own (``release_chain`` in the report says what happened; run again later
-or release with the expire job).
+and writes a new base instead (``DeltaCapture.prepare`` in ``backends/heap/snapshot.py``). To keep
+a checkpoint in flight from referencing a file while it is being released, the chain is not
+released while the job has a PENDING snapshot of its own (``release_chain`` in the report says
+what happened; run again later or release with the expire job).
 """
 
 from __future__ import annotations

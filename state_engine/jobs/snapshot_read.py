@@ -14,10 +14,7 @@ Every reader yields canonical batches in key-group order, ready for ``write_rang
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +36,6 @@ from state_engine.checkpoint.metadata import (
     SnapshotMetadata,
 )
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
-from state_engine.checkpoint.strategies import local_name_of
 from state_engine.errors import CorruptMetadata
 from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
 from state_engine.keygroups import KeyGroupRange
@@ -47,7 +43,6 @@ from state_engine.snapshot_enums import SnapshotKind
 
 NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
 _GROUP = ("key_group", "key", "namespace", "state")
-_CHUNK = 1 << 20
 _BATCH_ROWS = 16384
 
 
@@ -245,10 +240,10 @@ def native_subtask_batches(
 ) -> Iterator[pa.RecordBatch]:
     """Rows of ``first..last`` held by old ``subtask``'s RocksDB files, as canonical batches.
 
-    The DB is copied into a scratch directory of this task (never opened in place: RocksDB
-    writes LOCK and LOG files next to its data) and removed afterwards.
+    The DB is copied (every checksum checked) into a scratch directory of this task by the
+    RocksDB package's native restore, opened aside and removed afterwards.
     """
-    from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
+    from state_engine.backends.rocksdb.restore import NativeSource, opened_aside
     from state_engine.serde import SerializerSnapshot, serializer_from_snapshot
 
     op = meta.operator(operator)
@@ -256,25 +251,8 @@ def native_subtask_batches(
     if op.key_serializer is None:
         return
     key_ser = serializer_from_snapshot(SerializerSnapshot.from_dict(op.key_serializer))
-    scratch = Path(tempfile.mkdtemp(prefix="sk-native-", dir=scratch_root))
-    try:
-        db = scratch / "db"
-        db.mkdir()
-        for p in st.files:
-            with src.open_input(p, stats) as fin, open(db / local_name_of(p), "xb") as out:
-                while chunk := fin.read(_CHUNK):
-                    out.write(chunk)
-        backend = RocksDBKeyedStateBackend(
-            scratch, key_ser, meta.max_parallelism, KeyGroupRange.of(*st.key_group_range)
-        )
-        try:
-            with backend.snapshot_view() as view:
-                rng = KeyGroupRange.of(first, last)
-                yield from entries_to_batches(view.iter_entries(rng))
-        finally:
-            backend.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with opened_aside(NativeSource(src, meta, st, stats), key_ser, scratch_root) as view:
+        yield from entries_to_batches(view.iter_entries(KeyGroupRange.of(first, last)))
 
 
 def entries_to_batches(entries: Iterable[tuple]) -> Iterator[pa.RecordBatch]:

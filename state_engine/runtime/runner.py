@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.state import HeapBackendFactory, RestoreMode, SubtaskState
+from state_engine.checkpoint.state import RestoreMode, SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index

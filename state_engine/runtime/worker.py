@@ -25,18 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from state_engine import faults
+from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
+from state_engine.backends.rocksdb.snapshot import NativeSnapshotStrategy
 from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.registry import SharedStateRegistry
-from state_engine.checkpoint.state import HeapBackendFactory, RestoreMode
+from state_engine.checkpoint.state import RestoreMode
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
-from state_engine.checkpoint.strategies import (
-    CanonicalSnapshotStrategy,
-    Capture,
-    NativeSnapshotStrategy,
-    WriteContext,
-    is_native,
-)
+from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.runtime.job import Job
 from state_engine.runtime.keyed_operator import KeyedProcessOperator
@@ -44,6 +40,7 @@ from state_engine.runtime.runner import JobRunner, _Subtask
 from state_engine.runtime.sinks import Committable, Sink, SinkTransactions
 from state_engine.runtime.source_reader import SourceReader
 from state_engine.runtime.watermarks import MAX_WATERMARK
+from state_engine.snapshot_enums import SnapshotFormat
 from state_engine.state.meta import StateEntry
 
 
@@ -150,7 +147,7 @@ class WorkerRunner(JobRunner):
         self.operators: list[KeyedProcessOperator | None] = []
         self.registry = SharedStateRegistry()
         self.restored_snapshot: Any = None
-        self._captures: dict[tuple[int, str, int], Capture] = {}
+        self._captures: dict[tuple[int, str, int], Capture[Any]] = {}
         self._send_lock = threading.Lock()
         self._writes: list[threading.Thread] = []
         self.conn: Any = None
@@ -290,17 +287,21 @@ class WorkerRunner(JobRunner):
             s.writer.notify_checkpoint_complete(0)
         return out
 
-    def cmd_snapshot(self, barrier: int, fmt: str) -> list[SubtaskSync]:
+    def cmd_snapshot(self, barrier: int, fmt: SnapshotFormat) -> list[SubtaskSync]:
         """The synchronous phase of every subtask here: offsets, pre-commit, a fixed view."""
         uid = self.job.operator_uid
         out = []
         for s in self.subtasks:
             state = s.prepare_snapshot(barrier)
             backend = state.keyed[uid]
-            if fmt == "NATIVE" and is_native(backend):
-                capture: Capture = NativeSnapshotStrategy(barrier).capture(uid, s.index, backend)
+            # native if asked and the backend has it; else canonical (no delta: its chain
+            # confirmation runs in the process that took the capture)
+            native = backend.snapshot_strategy(fmt) if fmt is SnapshotFormat.NATIVE else None
+            capture: Capture[Any]
+            if isinstance(native, NativeSnapshotStrategy):
+                capture = native.capture_at(uid, s.index, barrier)
             else:
-                capture = CanonicalSnapshotStrategy().capture(uid, s.index, backend)
+                capture = CanonicalCapture(uid, s.index, backend, backend.snapshot_view())
             self._captures[(barrier, uid, s.index)] = capture
             operator = {
                 name: (

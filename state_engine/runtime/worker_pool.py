@@ -43,8 +43,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from state_engine.backends.heap import HeapBackendFactory
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.state import HeapBackendFactory, RestoreMode, SubtaskState
+from state_engine.checkpoint.state import RestoreMode, SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.checkpoint.strategies import Capture, SubtaskResult, WriteContext
 from state_engine.errors import InvalidJob, JobError
@@ -133,7 +134,7 @@ class _RemoteOperatorState:
         return {n: _Meta(m) for n, m in self._metas.items()}
 
 
-class RemoteCapture(Capture):
+class RemoteCapture(Capture[SubtaskResult]):
     """A capture a worker took at the barrier; its files are written by the worker."""
 
     forkable = False
@@ -177,7 +178,7 @@ class RemoteBackend:
 
     def remote_capture(
         self, fmt: Any, uid: str, index: int, record: Any, ctx: WriteContext
-    ) -> Capture:
+    ) -> Capture[Any]:
         key = (self._barrier, uid, index)
         capture = RemoteCapture(self._pool, key, self._info)
         self._pool.write(key, capture, ctx)

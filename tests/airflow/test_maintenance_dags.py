@@ -14,10 +14,11 @@ from urllib.parse import urlparse
 import pytest
 from statekeeper_airflow.operators import stable_run_id
 
+from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.state import HeapBackendFactory, SubtaskState
+from state_engine.checkpoint.state import SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.keygroups import (
     assign_to_key_group,

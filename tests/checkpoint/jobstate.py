@@ -6,13 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
-from state_engine.checkpoint.state import (
-    HeapBackendFactory,
-    RocksDBBackendFactory,
-    StateBackendFactory,
-    SubtaskState,
-)
+from state_engine.backends.rocksdb import RocksDBBackendFactory
+from state_engine.checkpoint.state import StateBackendFactory, SubtaskState
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
 from state_engine.state import (
     VOID_NAMESPACE,

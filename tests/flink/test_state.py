@@ -18,14 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from state_engine.errors import FlinkStateError, InvalidJobParams, UnsupportedFlinkSerializer
-from state_engine.flink.keyed_state import (
-    canonical_records,
-    snapshot_entries,
-    snapshot_raw_rows,
-    snapshot_rows,
-)
+from state_engine.flink.keyed_state import canonical_records
 from state_engine.flink.metadata import FlinkSnapshotMetadata, read_metadata
 from state_engine.flink.pyflink import PyFlinkTypes
+from state_engine.flink.snapshot_state import snapshot_entries, snapshot_raw_rows, snapshot_rows
 from state_engine.hashing import java_string_hash, murmur_hash
 from state_engine.keygroups import compute_operator_index_for_key_group
 

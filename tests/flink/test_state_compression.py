@@ -23,12 +23,12 @@ from state_engine.flink.keyed_state import (
     canonical_entries,
     heap_entries,
     read_proxy_header,
-    snapshot_rows,
 )
 from state_engine.flink.metadata import read_metadata
 from state_engine.flink.pyflink import PyFlinkTypes
 from state_engine.flink.serializers import Buf
 from state_engine.flink.snappy import STREAM_IDENTIFIER, decompress_block, read_framed
+from state_engine.flink.snapshot_state import snapshot_rows
 
 from .conftest import delegate_of
 

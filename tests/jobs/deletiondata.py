@@ -12,10 +12,12 @@ from typing import Any
 
 import fsspec.core
 
+from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
+from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.state import HeapBackendFactory, RocksDBBackendFactory, SubtaskState
+from state_engine.checkpoint.state import SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
 from state_engine.state import MapStateDescriptor, ValueStateDescriptor

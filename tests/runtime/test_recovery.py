@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from state_engine.checkpoint.state import HeapBackendFactory, RocksDBBackendFactory
+from state_engine.backends.heap import HeapBackendFactory
+from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.runtime import (
     CollectedOutput,
     CollectSink,

@@ -8,12 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state_engine.backends.rocksdb import (
-    _OLD_LIST_SEQ_KEY,
-    RocksDBKeyedStateBackend,
-    decode_list,
-    encode_list,
-)
+from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
+from state_engine.backends.rocksdb.layout import OLD_LIST_SEQ_KEY, decode_list, encode_list
 from state_engine.errors import SerializationError, StateError
 from state_engine.keygroups import KeyGroupRange
 from state_engine.serde import PickleSerializer
@@ -148,7 +144,7 @@ def test_restore_appends_list_rows_in_position_order_even_interleaved(tmp_path: 
 def test_a_db_in_the_old_list_layout_is_refused(tmp_path: Path) -> None:
     b = open_rocks(tmp_path)
     b.get_state(ListStateDescriptor("l", int))
-    b._db.put(_OLD_LIST_SEQ_KEY, (7).to_bytes(8, "big"))
+    b._db.put(OLD_LIST_SEQ_KEY, (7).to_bytes(8, "big"))
     b.close()
     with pytest.raises(StateError, match="old one-row-per-element layout"):
         open_rocks(tmp_path)

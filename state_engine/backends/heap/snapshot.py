@@ -1,31 +1,31 @@
 """Heap incremental checkpoints: delta files of changed keys on a canonical base.
 
-Per (operator, subtask) the manager keeps the chain of the last confirmed checkpoint: its base
-files and its deltas, all under ``shared/`` so later checkpoints reference them. A checkpoint
-writes either a new base (no chain yet, the chain holds ``full_every`` deltas or deltas as large
-as its base, or the backend was replaced) from a full view, or one delta from an incremental
-view: every changed (state, key, namespace) as a CLEAR followed by PUTs of its complete current
-rows (see :mod:`delta`).
+Each change-tracking heap backend owns one :class:`DeltaSnapshotStrategy`, which keeps the chain
+of the backend's last confirmed checkpoint: its base files and its deltas, all under ``shared/`` so
+later checkpoints reference them. A checkpoint writes either a new base (no chain yet, the chain
+holds ``full_every`` deltas, or the checkpoint is not incremental) from a full view, or one delta
+from an incremental view: every changed (state, key, namespace) as a CLEAR followed by PUTs of its
+complete current rows (see :mod:`state_engine.checkpoint.delta`).
 
-The backend forgets changes only on ``confirm_view``, which runs on the task thread
-(``notify_checkpoint_complete``) after the checkpoint completed; the changes of a failed or
-cancelled checkpoint are carried into the next delta.
+The backend forgets changes only when the checkpoint completed: the result's ``on_complete`` runs
+on the task thread (``CheckpointManager.notify_checkpoint_complete``), confirms the view and makes
+the written chain the one to continue. The changes of a failed or cancelled checkpoint are carried
+into the next delta.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from state_engine.backends.base import KeyedStateBackend, KeyedStateView
 from state_engine.checkpoint.canonical import WrittenFiles
 from state_engine.checkpoint.delta import CLEAR, PUT, DeltaWriter
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.strategies import (
     SHARED_PREFIX,
     Capture,
-    SnapshotStrategy,
     SubtaskResult,
     WriteContext,
 )
@@ -33,14 +33,13 @@ from state_engine.faults import crash_point
 from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
-    from state_engine.checkpoint.manager import CheckpointManager
+    from state_engine.backends.heap.backend import HeapKeyedStateBackend, HeapStateView
 
 
 @dataclass(frozen=True)
 class Chain:
     """The files a subtask's last confirmed checkpoint consists of: base, then deltas."""
 
-    backend_id: int
     base: tuple[SnapshotFile, ...]
     deltas: tuple[tuple[SnapshotFile, ...], ...]
 
@@ -49,23 +48,26 @@ class Chain:
         return [*self.base, *(f for d in self.deltas for f in d)]
 
 
-class DeltaCapture(Capture):
+class DeltaCapture(Capture[WrittenFiles]):
     def __init__(
         self,
         operator_uid: str,
         subtask_index: int,
-        backend: KeyedStateBackend,
-        view: KeyedStateView,
+        backend: HeapKeyedStateBackend,
+        view: HeapStateView,
         chain: Chain | None,
+        strategy: DeltaSnapshotStrategy,
     ) -> None:
         super().__init__(operator_uid, subtask_index, backend)
         self.view = view
+        # read now: in a forked snapshot the view is released before the result is built
+        self.view_id = view.view_id
         self.chain = chain  # None: this checkpoint writes a new base
-        self.view_id: int = view.view_id  # type: ignore[attr-defined]
+        self.strategy = strategy
         self.states = {n: m.to_dict() for n, m in view.states.items()}
 
     @property
-    def forkable(self) -> bool:  # type: ignore[override]
+    def forkable(self) -> bool:
         return self.view.fork_safe
 
     def prepare(self, ctx: WriteContext) -> None:
@@ -93,12 +95,12 @@ class DeltaCapture(Capture):
     def result(self, ctx: WriteContext, written: WrittenFiles) -> SubtaskResult:
         chain = self.chain
         if chain is None:
-            new = Chain(id(self.backend), written.files, ())
+            new = Chain(written.files, ())
         else:
             deltas = chain.deltas + ((written.files,) if written.files else ())
-            new = Chain(chain.backend_id, chain.base, deltas)
+            new = Chain(chain.base, deltas)
         crash_point("checkpoint.delta.after_write")
-        result = SubtaskResult(
+        return SubtaskResult(
             self.operator_uid,
             self.subtask_index,
             self.key_group_range,
@@ -106,17 +108,16 @@ class DeltaCapture(Capture):
             written.key_group_stats,
             written.bytes,
             files_reused=len(new.files) - len(written.files),
+            on_complete=functools.partial(self.strategy.confirm, new, self.view_id),
         )
-        result.chain = [new, self.backend, self.view_id]  # type: ignore[assignment]
-        return result
 
     def release(self) -> None:
         self.view.release()
 
 
-def _delta_rows(view: KeyedStateView) -> Iterator[tuple[Any, ...]]:
+def _delta_rows(view: HeapStateView) -> Iterator[tuple[Any, ...]]:
     seq = 0
-    for ck in view.changed():  # type: ignore[attr-defined]
+    for ck in view.changed():
         seq += 1
         head = (ck.key_group, ck.key_hash, ck.key, ck.namespace, ck.state)
         yield (*head, None, b"", None, CLEAR, seq)
@@ -125,34 +126,26 @@ def _delta_rows(view: KeyedStateView) -> Iterator[tuple[Any, ...]]:
             yield (*r, PUT, seq)
 
 
-class DeltaSnapshotStrategy(SnapshotStrategy):
+class DeltaSnapshotStrategy:
+    """The delta strategy of one change-tracking heap backend, and the chain it continues (the
+    last confirmed checkpoint's files; None until one completed)."""
+
     format = SnapshotFormat.DELTA
 
-    def __init__(self, manager: CheckpointManager, checkpoint_id: int, incremental: bool) -> None:
-        self.manager = manager
-        self.checkpoint_id = checkpoint_id
-        self.incremental = incremental
+    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+        self.backend = backend
+        self.chain: Chain | None = None
 
-    def capture(
-        self, operator_uid: str, subtask_index: int, backend: KeyedStateBackend
-    ) -> DeltaCapture:
-        tracking = bool(getattr(backend, "track_changes", False))
-        chain: Chain | None = self.manager._chains.get((operator_uid, subtask_index))
-        if (
-            not self.incremental
-            or not tracking
-            or chain is None
-            or chain.backend_id != id(backend)
-            or len(chain.deltas) >= self.manager.full_every
-        ):
+    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> DeltaCapture:
+        chain = self.chain
+        if not ctx.incremental or chain is None or len(chain.deltas) >= ctx.full_every:
             chain = None
-        view = backend.snapshot_view(incremental=chain is not None)  # type: ignore[call-arg]
-        return DeltaCapture(operator_uid, subtask_index, backend, view, chain)
+        view = self.backend.snapshot_view(incremental=chain is not None)
+        return DeltaCapture(operator_uid, subtask_index, self.backend, view, chain, self)
 
-
-def confirm(manager: CheckpointManager, result: SubtaskResult) -> None:
-    """On the task thread: the checkpoint of ``result`` completed; its chain is the new base."""
-    chain, backend, view_id = result.chain  # type: ignore[misc]
-    if getattr(backend, "track_changes", False) and not getattr(backend, "_closed", False):
-        backend.confirm_view(view_id)
-    manager._chains[(result.operator_uid, result.subtask_index)] = chain
+    def confirm(self, chain: Chain, view_id: int) -> None:
+        """On the task thread: the checkpoint that wrote ``chain`` completed; it is the new base
+        and the backend forgets the changes up to its view."""
+        if not self.backend.closed:
+            self.backend.confirm_view(view_id)
+        self.chain = chain

@@ -31,11 +31,28 @@ import shutil
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rocksdict as rd
 
-from state_engine.backends.base import KeyedStateBackend, KeyedStateView
+from state_engine.backends.base import (
+    KeyedStateBackend,
+    KeyedStateView,
+    SnapshotStrategy,
+    null_element,
+)
+from state_engine.backends.rocksdb.layout import (
+    CF_PREFIX,
+    EXPIRES_AT,
+    META_PREFIX,
+    OLD_LIST_SEQ_KEY,
+    decode_list,
+    encode_list,
+    list_values,
+    prefix_end,
+    read_varint,
+    varint,
+)
 from state_engine.errors import SerializationError, StateError
 from state_engine.hashing import key_hash
 from state_engine.keygroups import KeyGroupRange, key_group_prefix, key_group_prefix_length
@@ -53,44 +70,11 @@ from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE
 from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
-_Q = struct.Struct(">q")
+if TYPE_CHECKING:
+    from state_engine.snapshot_enums import SnapshotFormat
+
+_Q = EXPIRES_AT
 _POS = struct.Struct(">I")
-_META_PREFIX = b"\x00meta:"
-_OLD_LIST_SEQ_KEY = b"\x00list-seq"  # only DBs of the one-row-per-element list layout have it
-_CF_PREFIX = "s:"
-
-
-def varint(n: int) -> bytes:
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return n, pos
-        shift += 7
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with ``prefix`` (None: no such key)."""
-    b = bytearray(prefix)
-    while b:
-        if b[-1] < 0xFF:
-            b[-1] += 1
-            return bytes(b)
-        b.pop()
-    return None
 
 
 def _options() -> rd.Options:
@@ -128,57 +112,6 @@ def _scan_keys(db: Any, prefix: bytes) -> list[bytes]:
     ro = rd.ReadOptions()
     ro.set_iterate_upper_bound(end)
     return list(db.keys(from_key=prefix, read_opt=ro))
-
-
-def encode_list(elements: Iterable[bytes], expiries: Iterable[int] | None = None) -> bytes:
-    """One list value: ``[expires_at] varint(len) bytes`` per element (expiry only with TTL)."""
-    if expiries is None:
-        return b"".join(varint(len(e)) + e for e in elements)
-    pack = _Q.pack
-    return b"".join(pack(x) + varint(len(e)) + e for e, x in zip(elements, expiries, strict=True))
-
-
-def decode_list(raw: bytes, ttl: bool) -> list[tuple[bytes, int | None]]:
-    """The (element bytes, expires_at or None) of one list value."""
-    out: list[tuple[bytes, int | None]] = []
-    pos, end = 0, len(raw)
-    unpack = _Q.unpack_from
-    try:
-        while pos < end:
-            exp = None
-            if ttl:
-                exp = unpack(raw, pos)[0]
-                pos += 8
-            n = raw[pos]
-            if n < 0x80:
-                pos += 1
-            else:
-                n, pos = read_varint(raw, pos)
-            out.append((raw[pos : pos + n], exp))
-            pos += n
-    except (IndexError, struct.error):
-        pos = end + 1
-    if pos != end:
-        raise SerializationError(
-            f"list value of {end} bytes is truncated: it was not written by this list layout "
-            "(restore the state from a canonical snapshot)"
-        )
-    return out
-
-
-def _list_values(raw: bytes) -> list[bytes]:
-    """The element bytes of a list value without TTL (the ``get`` hot path)."""
-    out = []
-    pos, end = 0, len(raw)
-    while pos < end:
-        n = raw[pos]
-        if n < 0x80:
-            pos += 1
-        else:
-            n, pos = read_varint(raw, pos)
-        out.append(raw[pos : pos + n])
-        pos += n
-    return out
 
 
 def _bad_value(name: str, exc: SerializationError) -> SerializationError:
@@ -388,7 +321,7 @@ class RocksListState(_RocksState, ListState):
             return []
         de = self._vde
         if self._ttl is None:
-            return [de(e) for e in _list_values(raw)]
+            return [de(e) for e in list_values(raw)]
         elements = decode_list(raw, True)
         now = self._b._pt_now if self._sampled else self._now()
         live = [(e, x) for e, x in elements if x > now]  # type: ignore[operator]
@@ -406,8 +339,6 @@ class RocksListState(_RocksState, ListState):
 
     def add(self, value: Any) -> None:
         if value is None:
-            from state_engine.backends.heap import null_element
-
             raise null_element(self.name)
         kb = self._b._key_bytes
         if kb is None:
@@ -441,8 +372,6 @@ class RocksListState(_RocksState, ListState):
             self._del(k)
 
     def _encode_all(self, values: Iterable[Any]) -> bytes:
-        from state_engine.backends.heap import null_element
-
         if isinstance(values, str | bytes) or not isinstance(values, Iterable):
             raise StateError(
                 f"list state {self.name!r} takes an iterable of elements, got "
@@ -577,9 +506,9 @@ class RocksDBStateView(KeyedStateView):
         self._key_de = backend.key_serializer.deserialize
         self._released = False
         opts = _options()
-        cfs = {_CF_PREFIX + n: rd.Options(raw_mode=True) for n in self._metas}
+        cfs = {CF_PREFIX + n: rd.Options(raw_mode=True) for n in self._metas}
         self._db = rd.Rdict(str(path), opts, column_families=cfs)
-        self._cfs = {n: self._db.get_column_family(_CF_PREFIX + n) for n in self._metas}
+        self._cfs = {n: self._db.get_column_family(CF_PREFIX + n) for n in self._metas}
 
     @property
     def states(self) -> Mapping[str, StateMetaInfo]:
@@ -687,11 +616,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         )
         self._db.set_write_options(self._wo)
         self._cfs: dict[str, Any] = {}
-        for _, v in _scan(self._db, _META_PREFIX):
+        for _, v in _scan(self._db, META_PREFIX):
             meta = StateMetaInfo.from_dict(json.loads(v))
             self._metas[meta.name] = meta
         old_lists = [n for n, m in self._metas.items() if m.kind is StateKind.LIST]
-        if old_lists and self._db.get(_OLD_LIST_SEQ_KEY) is not None:
+        if old_lists and self._db.get(OLD_LIST_SEQ_KEY) is not None:
             self._db.close()
             raise StateError(
                 f"the RocksDB at {self.db_path} stores list states {old_lists} in the old "
@@ -706,7 +635,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _cf(self, name: str) -> Any:
         cf = self._cfs.get(name)
         if cf is None:
-            cf_name = _CF_PREFIX + name
+            cf_name = CF_PREFIX + name
             try:
                 cf = self._db.get_column_family(cf_name)
             except Exception:
@@ -716,7 +645,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return cf
 
     def _save_meta(self, meta: StateMetaInfo) -> None:
-        self._db.put(_META_PREFIX + meta.name.encode(), json.dumps(meta.to_dict()).encode())
+        self._db.put(META_PREFIX + meta.name.encode(), json.dumps(meta.to_dict()).encode())
 
     def _create_state(
         self, descriptor: StateDescriptor, meta: StateMetaInfo, migrate_from: StateMetaInfo | None
@@ -801,6 +730,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         view = RocksDBStateView(self, path, now)
         view.view_id = self._view_seq
         return view
+
+    def snapshot_strategy(self, format: SnapshotFormat) -> SnapshotStrategy | None:
+        """``NATIVE``: the DB's own files (SSTs shared between incremental checkpoints); any
+        other format is written canonically."""
+        from state_engine.backends.rocksdb.snapshot import NativeSnapshotStrategy
+
+        if format != NativeSnapshotStrategy.format:
+            return None
+        return NativeSnapshotStrategy(self)
 
     def create_checkpoint(self, path: str | Path) -> None:
         """A RocksDB checkpoint (hard-linked SSTs plus private files) in the new dir ``path``."""

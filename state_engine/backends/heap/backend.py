@@ -18,10 +18,16 @@ from __future__ import annotations
 import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from state_engine.backends.base import ChangedKey, KeyedStateBackend, KeyedStateView
-from state_engine.errors import SerializationError, StateError
+from state_engine.backends.base import (
+    ChangedKey,
+    KeyedStateBackend,
+    KeyedStateView,
+    SnapshotStrategy,
+    null_element,
+)
+from state_engine.errors import InvalidSnapshotRequest, SerializationError, StateError
 from state_engine.hashing import key_hash
 from state_engine.keygroups import KeyGroupRange
 from state_engine.state.api import (
@@ -37,6 +43,10 @@ from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE
 from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
+if TYPE_CHECKING:
+    from state_engine.backends.heap.snapshot import DeltaSnapshotStrategy
+    from state_engine.snapshot_enums import SnapshotFormat
+
 _POS = struct.Struct(">I")
 # Values whose identity implies their content: a cached row of one stays valid (no TTL).
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
@@ -46,12 +56,6 @@ _SECOND = operator.itemgetter(1)
 # An expiry below this bound cannot pass INT64_MAX when added to a wall-clock time in ms, so the
 # fast TTL write paths skip the clamp.
 _NO_CLAMP_TTL = INT64_MAX - (1 << 62)
-
-
-def null_element(name: str) -> StateError:
-    return StateError(
-        f"list state {name!r} cannot hold None: filter None out before adding (as in Flink)"
-    )
 
 
 class _HeapState(State):
@@ -1120,6 +1124,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._epochs: list[tuple[int, dict[str, list[set[Any]]]]] = []
         self._last_view_id = 0
         self._confirmed_view_id = 0
+        self._delta: DeltaSnapshotStrategy | None = None
 
     def _new_slots(self, name: str) -> None:
         if name not in self._tables_of:
@@ -1209,6 +1214,24 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     if s:
                         dirty[i] = set()
         self._epochs.append((view_id, epoch))
+
+    def snapshot_strategy(self, format: SnapshotFormat) -> SnapshotStrategy | None:
+        """``DELTA``: this backend's delta strategy (it keeps the backend's chain of base and
+        deltas; it needs change tracking); any other format is written canonically."""
+        from state_engine.backends.heap.snapshot import DeltaSnapshotStrategy
+
+        if format != DeltaSnapshotStrategy.format:
+            return None
+        if not self.track_changes:
+            # Every "delta" would be a full base recorded as DELTA: a silent full checkpoint.
+            raise InvalidSnapshotRequest(
+                "delta checkpoints need change tracking, but this heap backend has none: create "
+                "it with HeapBackendFactory(track_changes=True) (the JobRunner does so for "
+                "checkpoint_format='delta'), or use format 'canonical'"
+            )
+        if self._delta is None:
+            self._delta = DeltaSnapshotStrategy(self)
+        return self._delta
 
     def confirm_view(self, view_id: int) -> None:
         """The snapshot built from view ``view_id`` completed: forget the changes up to it."""

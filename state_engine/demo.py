@@ -676,8 +676,8 @@ class Demo:
              f"{r.input_snapshot_id or '-'} -> {r.output_snapshot_id or '-'}")
             for r in runs
         ]  # fmt: skip
-        header = ("kind", "status", "dag_id", "duration", "snapshots")
-        for line in format_table(header, rows).splitlines():
+        run_header = ("kind", "status", "dag_id", "duration", "snapshots")
+        for line in format_table(run_header, rows).splitlines():
             c.line(line, indent=8)
 
     def next_steps(self, maintenance: Maintenance, reference: list[dict[str, Any]]) -> None:

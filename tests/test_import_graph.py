@@ -51,8 +51,8 @@ def _imports(tree: ast.Module, is_package: bool = False) -> list[ast.Import | as
             return
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for sub in ast.iter_child_nodes(node):
+            visit(sub)
 
     visit(tree)
     return found

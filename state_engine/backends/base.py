@@ -245,9 +245,9 @@ class KeyedStateBackend(ABC):
         if self._record_cleanups:
             self.__dict__.pop("set_current_key", None)
         elif not self._sample_time:
-            self.set_current_key = self._set_current_key_plain  # type: ignore[method-assign]
+            self.set_current_key = self._set_current_key_plain  # type: ignore[method-assign]  # set_current_key is picked once per backend configuration (hot path)
         elif self._wall_clock:
-            self.set_current_key = self._set_current_key_wall  # type: ignore[method-assign]
+            self.set_current_key = self._set_current_key_wall  # type: ignore[method-assign]  # set_current_key is picked once per backend configuration (hot path)
         else:
             self.__dict__.pop("set_current_key", None)
 

@@ -440,7 +440,7 @@ class CheckpointManager:
     ) -> Capture[Any]:
         remote = getattr(backend, "remote_capture", None)
         if remote is not None:  # a subtask in a worker process captures and writes it there
-            return remote(fmt, uid, index, record, ctx)  # type: ignore[no-any-return]
+            return remote(fmt, uid, index, record, ctx)  # type: ignore[no-any-return]  # remote_capture is duck-typed (worker-process backends)
         assert strategy is not None
         return strategy.capture(uid, index, ctx)
 

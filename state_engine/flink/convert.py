@@ -41,8 +41,6 @@ from state_engine.checkpoint.canonical import CanonicalWriter, KeyGroupStats
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
     SnapshotMetadata,
     SubtaskSnapshot,
 )
@@ -70,7 +68,7 @@ from state_engine.serde import (
     StrSerializer,
     TypeSerializer,
 )
-from state_engine.snapshot_enums import SnapshotStatus
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE, NamespaceSerializer
 

@@ -167,7 +167,10 @@ def _runner_of(module: str) -> Callable[[], Callable[..., dict[str, Any]]]:
     def load() -> Callable[..., dict[str, Any]]:
         import importlib
 
-        return importlib.import_module(f"state_engine.jobs.{module}").run
+        run: Callable[..., dict[str, Any]] = importlib.import_module(
+            f"state_engine.jobs.{module}"
+        ).run
+        return run
 
     return load
 

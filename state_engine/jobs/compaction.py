@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.canonical import DEFAULT_TARGET_FILE_BYTES
-from state_engine.checkpoint.metadata import SnapshotFormat, SnapshotMetadata
+from state_engine.checkpoint.metadata import SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats
 from state_engine.errors import (
     CommitConflict,
@@ -56,7 +56,7 @@ from state_engine.jobs.output import output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.jobs.snapshot_read import estimated_key_group_bytes, open_source, range_batches
 from state_engine.keygroups import compute_key_group_range_for_operator_index
-from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

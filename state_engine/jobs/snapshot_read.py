@@ -15,6 +15,7 @@ Every reader yields canonical batches in key-group order, ready for ``write_rang
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,14 +33,13 @@ from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
-    SnapshotFormat,
     SnapshotMetadata,
 )
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import CorruptMetadata
 from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
 from state_engine.keygroups import KeyGroupRange
-from state_engine.snapshot_enums import SnapshotKind
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
 _GROUP = ("key_group", "key", "namespace", "state")
@@ -61,7 +61,9 @@ def snapshot_format(meta: SnapshotMetadata) -> SnapshotFormat:
     return SnapshotFormat.CANONICAL
 
 
-def split_chain(meta: SnapshotMetadata, op: OperatorSnapshot) -> tuple[list, dict[int, list]]:
+def split_chain(
+    meta: SnapshotMetadata, op: OperatorSnapshot
+) -> tuple[list[SnapshotFile], dict[int, list[SnapshotFile]]]:
     """An operator's keyed base files and its delta files by chain index."""
     by_path = {f.path: f for f in meta.files}
     base: list[SnapshotFile] = []
@@ -255,7 +257,7 @@ def native_subtask_batches(
         yield from entries_to_batches(view.iter_entries(KeyGroupRange.of(first, last)))
 
 
-def entries_to_batches(entries: Iterable[tuple]) -> Iterator[pa.RecordBatch]:
+def entries_to_batches(entries: Iterable[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
     """StateEntry tuples (key-group order) as canonical batches."""
     it = iter(entries)
     while True:

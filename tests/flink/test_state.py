@@ -376,7 +376,7 @@ def test_limit_decodes_only_the_key_groups_it_needs(
     from state_engine.flink import keyed_state
 
     meta, _ = _java_meta(flink_fixtures, "hashmap", "savepoint-canonical-5")
-    decoded = collections.Counter()
+    decoded: collections.Counter[str] = collections.Counter()
     original = keyed_state.StateDecoder.decode
 
     def counting(self: Any, state: Any, key: bytes, value: bytes) -> Any:

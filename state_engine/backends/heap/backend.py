@@ -223,14 +223,14 @@ class HeapValueState(_HeapState, ValueState):
     def _value_plain(self) -> Any:
         b = self._b
         try:
-            return self._tables[b._kgi].get(b._key, self._default)  # type: ignore[index]
+            return self._tables[b._kgi].get(b._key, self._default)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
 
     def _value_ttl(self) -> Any:
         b = self._b
         try:
-            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         if e is None:
@@ -258,7 +258,7 @@ class HeapValueState(_HeapState, ValueState):
     def value(self) -> Any:
         b = self._b
         try:
-            t = self._tables[b._kgi + self._off]  # type: ignore[operator]
+            t = self._tables[b._kgi + self._off]  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         e = t.get(b._key if self._void else (b._key, self._ns))
@@ -291,7 +291,7 @@ class HeapValueState(_HeapState, ValueState):
             return
         b = self._b
         try:
-            i = b._kgi + self._off  # type: ignore[operator]
+            i = b._kgi + self._off  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         t = self._tables[i]
@@ -322,7 +322,10 @@ class _HeapFoldingState(_HeapState):
     def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
         # Reduce and aggregate functions may mutate the stored value in place: copy it for real.
         ser = self.meta.serializers["value"]
-        rt = lambda v: ser.deserialize(ser.serialize(v))  # noqa: E731
+
+        def rt(v: Any) -> Any:
+            return ser.deserialize(ser.serialize(v))
+
         if self._ttl is None:
             return {k: rt(v) for k, v in t.items()}
         return {k: (rt(v[0]), v[1]) for k, v in t.items()}
@@ -427,7 +430,7 @@ class HeapListState(_HeapState, ListState):
     def _get_plain(self) -> list[Any]:
         b = self._b
         try:
-            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         return [] if e is None else list(e)
@@ -435,7 +438,7 @@ class HeapListState(_HeapState, ListState):
     def _get_ttl(self) -> list[Any]:
         b = self._b
         try:
-            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         if e is None:
@@ -474,7 +477,7 @@ class HeapListState(_HeapState, ListState):
     def get(self) -> list[Any]:
         b = self._b
         try:
-            t = self._tables[b._kgi + self._off]  # type: ignore[operator]
+            t = self._tables[b._kgi + self._off]  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         e = t.get(b._key if self._void else (b._key, self._ns))
@@ -513,7 +516,7 @@ class HeapListState(_HeapState, ListState):
             raise null_element(self.name)
         b = self._b
         try:
-            i = b._kgi + self._off  # type: ignore[operator]
+            i = b._kgi + self._off  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         t = self._tables[i]
@@ -629,7 +632,7 @@ class HeapMapState(_HeapState, MapState):
     def _get_plain(self, key: Any) -> Any:
         b = self._b
         try:
-            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         return None if m is None else m.get(key)
@@ -637,7 +640,7 @@ class HeapMapState(_HeapState, MapState):
     def _get_ttl(self, key: Any) -> Any:
         b = self._b
         try:
-            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         if m is None:
@@ -678,7 +681,7 @@ class HeapMapState(_HeapState, MapState):
     def _items_plain(self) -> list[tuple[Any, Any]]:
         b = self._b
         try:
-            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         return [] if m is None else list(m.items())
@@ -686,7 +689,7 @@ class HeapMapState(_HeapState, MapState):
     def _items_ttl(self) -> list[tuple[Any, Any]]:
         b = self._b
         try:
-            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         if m is None:
@@ -700,7 +703,7 @@ class HeapMapState(_HeapState, MapState):
     def _map(self) -> tuple[int, Any, dict[Any, Any] | None]:
         b = self._b
         try:
-            i = b._kgi + self._off  # type: ignore[operator]
+            i = b._kgi + self._off  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         ck = b._key if self._void else (b._key, self._ns)
@@ -730,7 +733,7 @@ class HeapMapState(_HeapState, MapState):
     def get(self, key: Any) -> Any:
         b = self._b
         try:
-            i = b._kgi + self._off  # type: ignore[operator]
+            i = b._kgi + self._off  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         ck = b._key if self._void else (b._key, self._ns)
@@ -762,7 +765,7 @@ class HeapMapState(_HeapState, MapState):
     def put(self, key: Any, value: Any) -> None:
         b = self._b
         try:
-            i = b._kgi + self._off  # type: ignore[operator]
+            i = b._kgi + self._off  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         t = self._tables[i]
@@ -1141,11 +1144,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         kind = meta.kind
         st: _HeapState
         if kind is StateKind.VALUE:
-            st = HeapValueState(self, meta, descriptor.default)  # type: ignore[attr-defined]
+            st = HeapValueState(self, meta, descriptor.default)  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
         elif kind is StateKind.REDUCING:
-            st = HeapReducingState(self, meta, descriptor.reduce_fn)  # type: ignore[attr-defined]
+            st = HeapReducingState(self, meta, descriptor.reduce_fn)  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
         elif kind is StateKind.AGGREGATING:
-            st = HeapAggregatingState(self, meta, descriptor.aggregate_function)  # type: ignore[attr-defined]
+            st = HeapAggregatingState(self, meta, descriptor.aggregate_function)  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
         else:
             st = _KINDS[kind](self, meta)
         self._exporters[meta.name] = st

@@ -86,7 +86,8 @@ def _options() -> rd.Options:
 
 def _write_options() -> rd.WriteOptions:
     w = rd.WriteOptions()
-    w.disable_wal = True
+    # rocksdict's stub declares disable_wal a method; at runtime it is a writable property
+    w.disable_wal = True  # type: ignore[method-assign,assignment]  # see above
     return w
 
 
@@ -168,7 +169,8 @@ class _RocksState(State):
         kb = self._b._key_bytes
         if kb is None:
             raise self._b.no_current_key(f"state {self.name!r}")
-        return kb + self._nsb
+        prefix: bytes = kb + self._nsb
+        return prefix
 
     def _enc(self, value: Any, now: int | None = None) -> bytes:
         try:
@@ -324,10 +326,10 @@ class RocksListState(_RocksState, ListState):
             return [de(e) for e in list_values(raw)]
         elements = decode_list(raw, True)
         now = self._b._pt_now if self._sampled else self._now()
-        live = [(e, x) for e, x in elements if x > now]  # type: ignore[operator]
+        live = [(e, x) for e, x in elements if x > now]  # type: ignore[operator]  # TTL lists and values always carry an expiry; None only without TTL
         if len(live) != len(elements):
             if live:
-                self._put(k, encode_list([e for e, _ in live], [x for _, x in live]))  # type: ignore[misc]
+                self._put(k, encode_list([e for e, _ in live], [x for _, x in live]))  # type: ignore[misc]  # the expiries of a TTL list are ints, as decode_list gives them
             else:
                 self._del(k)
             if self._ret_exp:
@@ -547,13 +549,13 @@ class RocksDBStateView(KeyedStateView):
                             raise _bad_value(name, e) from e
                         pos = 0
                         for eb, ea in elements:
-                            if now is None or ea > now:  # type: ignore[operator]
+                            if now is None or ea > now:  # type: ignore[operator]  # TTL lists and values always carry an expiry; None only without TTL
                                 yield StateEntry(kg, h, kb, nsb, name, _POS.pack(pos), eb, ea)
                                 pos += 1
                         continue
                     if ttl:
                         exp: int | None = _Q.unpack_from(raw)[0]
-                        if now is not None and exp <= now:  # type: ignore[operator]
+                        if now is not None and exp <= now:  # type: ignore[operator]  # TTL lists and values always carry an expiry; None only without TTL
                             continue
                         raw = raw[8:]
                     else:
@@ -656,11 +658,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._save_meta(meta)
         kind = meta.kind
         if kind is StateKind.VALUE:
-            return RocksValueState(self, meta, descriptor.default)  # type: ignore[attr-defined]
+            return RocksValueState(self, meta, descriptor.default)  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
         if kind is StateKind.REDUCING:
-            return RocksReducingState(self, meta, descriptor.reduce_fn)  # type: ignore[attr-defined]
+            return RocksReducingState(self, meta, descriptor.reduce_fn)  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
         if kind is StateKind.AGGREGATING:
-            fn = descriptor.aggregate_function  # type: ignore[attr-defined]
+            fn = descriptor.aggregate_function  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
             return RocksAggregatingState(self, meta, fn)
         return _KINDS[kind](self, meta)
 
@@ -675,7 +677,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             if is_list:
                 elements = decode_list(raw, ttl)
                 conv = [cur.serialize(prev.deserialize(e)) for e, _ in elements]
-                cf.put(k, encode_list(conv, [x for _, x in elements] if ttl else None))  # type: ignore[misc]
+                cf.put(k, encode_list(conv, [x for _, x in elements] if ttl else None))  # type: ignore[misc]  # the expiries of a TTL list are ints, as decode_list gives them
                 continue
             head, body = (raw[:8], raw[8:]) if ttl else (b"", raw)
             cf.put(k, head + cur.serialize(prev.deserialize(body)))
@@ -788,12 +790,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         dropped = 0
         for k, raw in list(cf.items()):
             elements = decode_list(raw, True)
-            live = [(e, x) for e, x in elements if x > now]  # type: ignore[operator]
+            live = [(e, x) for e, x in elements if x > now]  # type: ignore[operator]  # TTL lists and values always carry an expiry; None only without TTL
             if len(live) == len(elements):
                 continue
             dropped += len(elements) - len(live)
             if live:
-                cf.put(k, encode_list([e for e, _ in live], [x for _, x in live]))  # type: ignore[misc]
+                cf.put(k, encode_list([e for e, _ in live], [x for _, x in live]))  # type: ignore[misc]  # the expiries of a TTL list are ints, as decode_list gives them
             else:
                 cf.delete(k)
         return dropped
@@ -858,7 +860,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             # A column-family handle keeps the DB (and its LOCK) open: state objects the job still
             # holds must drop theirs, or the directory cannot be reopened in this process.
             for st in self._states.values():
-                st._detach()  # type: ignore[attr-defined]
+                st._detach()  # type: ignore[attr-defined]  # every state class of this backend has _detach
             self._states.clear()
             self._cfs.clear()
             self._db.close()

@@ -114,6 +114,28 @@ def _catch_up(operators: Sequence[KeyedProcessOperator], watermark: int) -> None
             o.advance_watermark(watermark)
 
 
+def build_subtask(
+    job: Job,
+    index: int,
+    parallelism: int,
+    factory: Any,
+    restored: SubtaskState | None,
+    clock: Clock,
+    attempt: str,
+) -> _Subtask:
+    """Subtask ``index`` of ``job``: its restored state, or fresh state for its key groups."""
+    keyed = restored.keyed.get(job.operator_uid) if restored is not None else None
+    if keyed is None:
+        kgr = compute_key_group_range_for_operator_index(job.max_parallelism, parallelism, index)
+        keyed = factory.create(
+            job.operator_uid, index, job.key_serializer, job.max_parallelism, kgr, clock
+        )
+    ops = restored.operator if restored is not None else {}
+    source_state = ops.get(job.source_uid) or OperatorStateBackend(index, parallelism)
+    sink_state = ops.get(job.sink_uid) or OperatorStateBackend(index, parallelism)
+    return _Subtask(job, index, parallelism, keyed, source_state, sink_state, clock, attempt)
+
+
 class JobRunner:
     """Runs ``job`` fresh, or restored from a snapshot at the job's (possibly new) parallelism.
 
@@ -177,6 +199,21 @@ class JobRunner:
 
     # --- setup ---
 
+    def _new_manager(self, catalog: Catalog, storage: CheckpointStorage | str) -> CheckpointManager:
+        """The checkpoint manager of this run's job at this run's parallelism."""
+        job = self.job
+        return CheckpointManager(
+            catalog,
+            storage,
+            job.name,
+            max_parallelism=job.max_parallelism,
+            parallelism=self.parallelism,
+            format=job.checkpoint_format,
+            retained=job.retained,
+            incremental=job.incremental,
+            fork_writer=job.fork_writer,
+        )
+
     def _setup(self) -> None:
         started = time.perf_counter()
         job, p = self.job, self.parallelism
@@ -190,17 +227,7 @@ class JobRunner:
             factory = HeapBackendFactory(track_changes=True)
         restored: list[SubtaskState] | None = None
         if self.catalog is not None and self.storage is not None:
-            self.manager = CheckpointManager(
-                self.catalog,
-                self.storage,
-                job.name,
-                max_parallelism=job.max_parallelism,
-                parallelism=p,
-                format=job.checkpoint_format,
-                retained=job.retained,
-                incremental=job.incremental,
-                fork_writer=job.fork_writer,
-            )
+            self.manager = self._new_manager(self.catalog, self.storage)
             if self.restore_from is not None:
                 result = self.manager.restore(
                     self.restore_from,
@@ -219,18 +246,7 @@ class JobRunner:
                     )
         for i in range(p):
             st = restored[i] if restored is not None else None
-            keyed = st.keyed.get(job.operator_uid) if st is not None else None
-            if keyed is None:
-                kgr = compute_key_group_range_for_operator_index(job.max_parallelism, p, i)
-                keyed = factory.create(
-                    job.operator_uid, i, job.key_serializer, job.max_parallelism, kgr, self.clock
-                )
-            ops = st.operator if st is not None else {}
-            source_state = ops.get(job.source_uid) or OperatorStateBackend(i, p)
-            sink_state = ops.get(job.sink_uid) or OperatorStateBackend(i, p)
-            self.subtasks.append(
-                _Subtask(job, i, p, keyed, source_state, sink_state, self.clock, self.attempt)
-            )
+            self.subtasks.append(build_subtask(job, i, p, factory, st, self.clock, self.attempt))
         # Partitions no restored subtask holds (all of them, when fresh) go round-robin.
         held = {part for s in self.subtasks for part in s.reader.partitions}
         new = [part for part in job.source.partitions() if part not in held]

@@ -33,10 +33,9 @@ from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.state import RestoreMode
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
-from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.runtime.job import Job
 from state_engine.runtime.keyed_operator import KeyedProcessOperator
-from state_engine.runtime.runner import JobRunner, _Subtask
+from state_engine.runtime.runner import JobRunner, _Subtask, build_subtask
 from state_engine.runtime.sinks import Committable, Sink, SinkTransactions
 from state_engine.runtime.source_reader import SourceReader
 from state_engine.runtime.watermarks import MAX_WATERMARK
@@ -162,18 +161,8 @@ class WorkerRunner(JobRunner):
             restored = self._restore(factory)
         by_index: dict[int, _Subtask] = {}
         for i in self.owned:
-            st = restored.get(i)
-            keyed = st.keyed.get(job.operator_uid) if st is not None else None
-            if keyed is None:
-                kgr = compute_key_group_range_for_operator_index(job.max_parallelism, p, i)
-                keyed = factory.create(
-                    job.operator_uid, i, job.key_serializer, job.max_parallelism, kgr, self.clock
-                )
-            ops = st.operator if st is not None else {}
-            source_state = ops.get(job.source_uid) or OperatorStateBackend(i, p)
-            sink_state = ops.get(job.sink_uid) or OperatorStateBackend(i, p)
-            by_index[i] = _Subtask(
-                job, i, p, keyed, source_state, sink_state, self.clock, self.attempt
+            by_index[i] = build_subtask(
+                job, i, p, factory, restored.get(i), self.clock, self.attempt
             )
         self.subtasks = [by_index[i] for i in self.owned]
         for i in range(p):

@@ -44,7 +44,6 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.heap import HeapBackendFactory
-from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.state import RestoreMode, SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.checkpoint.strategies import Capture, SubtaskResult, WriteContext
@@ -461,17 +460,7 @@ class ProcessJobRunner(JobRunner):
         restore: RestoreSpec | None = None
         storage: CheckpointStorage | None = None
         if self.catalog is not None and self.storage is not None:
-            self.manager = CheckpointManager(
-                self.catalog,
-                self.storage,
-                job.name,
-                max_parallelism=job.max_parallelism,
-                parallelism=p,
-                format=job.checkpoint_format,
-                retained=job.retained,
-                incremental=job.incremental,
-                fork_writer=job.fork_writer,
-            )
+            self.manager = self._new_manager(self.catalog, self.storage)
             storage = self.manager.storage
             if storage.store.protocol == "memory":
                 self.manager.close()

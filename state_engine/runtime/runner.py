@@ -20,7 +20,7 @@ from state_engine.backends.base import KeyedStateBackend
 from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.state import RestoreMode, SubtaskState
+from state_engine.checkpoint.state import RestoredState, RestoreMode, SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
@@ -214,6 +214,25 @@ class JobRunner:
             fork_writer=job.fork_writer,
         )
 
+    def _restore_through(
+        self,
+        manager: CheckpointManager,
+        snapshot: int | str,
+        factory: Any,
+        subtask_indexes: Sequence[int] | None = None,
+    ) -> RestoredState:
+        """Restore ``snapshot`` through ``manager`` at this run's parallelism (all subtasks, or
+        ``subtask_indexes``), in the run's restore mode (NO_CLAIM unless it names one)."""
+        return manager.restore(
+            snapshot,
+            parallelism=self.parallelism,
+            factory=factory,
+            key_serializer=self.job.key_serializer,
+            mode=self.restore_mode or RestoreMode.NO_CLAIM,
+            clock=self.clock,
+            subtask_indexes=subtask_indexes,
+        )
+
     def _setup(self) -> None:
         started = time.perf_counter()
         job, p = self.job, self.parallelism
@@ -229,14 +248,7 @@ class JobRunner:
         if self.catalog is not None and self.storage is not None:
             self.manager = self._new_manager(self.catalog, self.storage)
             if self.restore_from is not None:
-                result = self.manager.restore(
-                    self.restore_from,
-                    parallelism=p,
-                    factory=factory,
-                    key_serializer=job.key_serializer,
-                    mode=self.restore_mode or RestoreMode.NO_CLAIM,
-                    clock=self.clock,
-                )
+                result = self._restore_through(self.manager, self.restore_from, factory)
                 self.restored_from = result.snapshot
                 restored = sorted(result.subtasks, key=lambda s: s.subtask_index)
                 if [s.subtask_index for s in restored] != list(range(p)):

@@ -30,7 +30,6 @@ from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.backends.rocksdb.snapshot import NativeSnapshotStrategy
 from state_engine.checkpoint.forked import ForkedWrite, can_fork
 from state_engine.checkpoint.registry import SharedStateRegistry
-from state_engine.checkpoint.state import RestoreMode
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
 from state_engine.runtime.job import Job
@@ -193,14 +192,8 @@ class WorkerRunner(JobRunner):
                 fork_writer=False,
             )
             try:
-                result = manager.restore(
-                    r.snapshot_id,
-                    parallelism=self.parallelism,
-                    factory=factory,
-                    key_serializer=job.key_serializer,
-                    mode=RestoreMode.NO_CLAIM,
-                    clock=self.clock,
-                    subtask_indexes=self.owned,
+                result = self._restore_through(
+                    manager, r.snapshot_id, factory, subtask_indexes=self.owned
                 )
                 # the checksums of the SSTs it downloaded: the next upload need not read them
                 self.registry = manager.registry

@@ -44,7 +44,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.heap import HeapBackendFactory
-from state_engine.checkpoint.state import RestoreMode, SubtaskState
+from state_engine.checkpoint.state import SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.checkpoint.strategies import Capture, SubtaskResult, WriteContext
 from state_engine.errors import InvalidJob, JobError
@@ -470,14 +470,8 @@ class ProcessJobRunner(JobRunner):
                 )
             if self.restore_from is not None:
                 # which snapshot, and the manager's own bookkeeping; the workers read the state
-                result = self.manager.restore(
-                    self.restore_from,
-                    parallelism=p,
-                    factory=factory,
-                    key_serializer=job.key_serializer,
-                    mode=self.restore_mode or RestoreMode.NO_CLAIM,
-                    clock=self.clock,
-                    subtask_indexes=[],
+                result = self._restore_through(
+                    self.manager, self.restore_from, factory, subtask_indexes=[]
                 )
                 self.restored_from = result.snapshot
                 restore = RestoreSpec(

@@ -289,7 +289,12 @@ def _walk_local(root: str, stat: bool) -> Iterator[tuple[str, int, float | None]
         directory = stack.pop()
         try:
             entries = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            if directory == root:  # a file named as the root: itself, as fsspec's find gives it
+                st = os.stat(root)
+                yield (root, st.st_size, st.st_mtime) if stat else (root, 0, None)
             continue
         with entries:
             for entry in entries:

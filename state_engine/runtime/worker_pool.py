@@ -312,7 +312,12 @@ class _Workers:
         try:
             self.conns[w].send(message)
         except (OSError, EOFError) as exc:
-            raise JobError(f"worker process {w} is gone ({exc})") from exc
+            # a broken pipe: the worker ended; say how (its exit status), as its reader does
+            proc = self.procs[w]
+            with contextlib.suppress(Exception):
+                proc.join(timeout=5)
+            why = f"worker process {w} (pid {proc.pid}) ended ({_exit(proc.exitcode)})"
+            raise JobError(f"{why}; sending to it failed ({exc})") from exc
 
     def ask(self, message: tuple[Any, ...], workers: Sequence[int] | None = None,
             poll: Any = None) -> dict[int, Any]:  # fmt: skip

@@ -23,9 +23,12 @@ is written. A crash leaves at most one PENDING snapshot, which the next import c
 
 from __future__ import annotations
 
+import gc
 import posixpath
 import re
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -372,6 +375,24 @@ def _summary(
     }
 
 
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off for the block (and back to how it was after it).
+
+    An import builds a few objects per state handle (tens of thousands per incremental
+    checkpoint), none of them in a reference cycle; each allocation burst would otherwise trigger
+    full collections that walk every one of them again (about a fifth of an import's time).
+    Reference counting still frees everything as usual.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def import_flink(
     catalog: Catalog,
     paths: list[str],
@@ -380,6 +401,13 @@ def import_flink(
     storage_options: dict[str, Any] | None = None,
 ) -> ImportReport:
     """Import or sync the Flink directories ``paths`` as catalog job ``job`` (see module doc)."""
+    with _cyclic_gc_paused():
+        return _import(catalog, paths, job, storage_options)
+
+
+def _import(
+    catalog: Catalog, paths: list[str], job: str, storage_options: dict[str, Any] | None
+) -> ImportReport:
     if not paths:
         raise FlinkImportError("name at least one Flink checkpoint or savepoint directory")
     report = ImportReport(job)

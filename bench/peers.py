@@ -554,14 +554,16 @@ def peers_python(quick: bool) -> Path:
     """The peers' venv (created once, reused): never the project's environment."""
     venv = Path(os.environ.get("STATEKEEPER_PEERS_VENV", REPO / ".statekeeper" / "peers-venv"))
     python = venv / "bin" / "python"
-    stamp = venv / f".installed-{BYTEWAX}-{QUIX}"
+    # byte-compiled at install, as the project's venv is (`make install`): where
+    # PYTHONDONTWRITEBYTECODE is set, an uncompiled venv compiles every import in every run
+    stamp = venv / f".installed-{BYTEWAX}-{QUIX}-bytecode"
     if stamp.exists():
         return python
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
     if not python.exists():
         subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-    subprocess.run([uv, "pip", "install", "-q", "--python", str(python), BYTEWAX, QUIX],
-                   check=True)  # fmt: skip
+    subprocess.run([uv, "pip", "install", "-q", "--compile-bytecode", "--reinstall",
+                    "--python", str(python), BYTEWAX, QUIX], check=True)  # fmt: skip
     stamp.touch()
     return python
 

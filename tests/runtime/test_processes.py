@@ -64,6 +64,39 @@ def test_workers_give_the_single_thread_runs_output_state_counters_and_checkpoin
     assert not p_res.failed_checkpoints
 
 
+def test_checkpoints_due_by_time_in_processes_come_between_runs_of_records(
+    tmp_path: Path, catalog: Any
+) -> None:
+    """A time interval in process mode: the parent asks the workers for at most
+    TIME_CHECK_RECORDS records at a time and checkpoints when the interval has passed. An
+    interval of a nanosecond has always passed, so the barriers fall exactly there."""
+    from state_engine.runtime.worker_pool import TIME_CHECK_RECORDS
+
+    per_partition = TIME_CHECK_RECORDS + TIME_CHECK_RECORDS // 4  # 2.5 batches over 2 partitions
+    runs = {}
+    for mode, interval in (("threads", None), ("processes", 1e-9)):
+        out = CollectedOutput()
+        job = Job(
+            f"timed-{mode}",
+            make_source(2, per_partition),
+            user_of,
+            UserActivity(),
+            CollectSink(out),
+            parallelism=2,
+            backend=HeapBackendFactory(),
+            clock=RecordTimestampClock(),
+            execution=mode,
+            checkpoint_interval_seconds=interval,
+        )
+        storage = {"catalog": catalog, "storage": str(tmp_path / "ck")} if interval else {}
+        runs[mode] = run_job(job, out, **storage)
+    (t_out, t_state, _), (p_out, p_state, p_res) = runs["threads"], runs["processes"]
+    assert p_out == t_out and p_state == t_state
+    total = 2 * per_partition
+    assert len(p_res.checkpoints) == total // TIME_CHECK_RECORDS + 1  # and the final one
+    assert not p_res.failed_checkpoints
+
+
 def test_a_savepoint_taken_in_processes_restores_in_threads_at_another_parallelism(
     tmp_path: Path, catalog: Any
 ) -> None:

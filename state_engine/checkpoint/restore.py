@@ -338,7 +338,9 @@ def _restore_keyed(
             batches = read_key_groups(
                 snap, meta, (rng.start, rng.end), files=canonical_files, stats=stats
             )
-            backend.restore_columns(state_columns(as_table(batches)), keyed)
+            # batch by batch: a RocksDB backend restores state larger than memory
+            columns = (c for b in batches for c in state_columns(as_table([b])))
+            backend.restore_columns(columns, keyed)
         if delta:
             folded = read_folded_table(
                 snap, meta, (rng.start, rng.end), operator=op.operator_id, stats=stats

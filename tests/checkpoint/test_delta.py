@@ -217,9 +217,8 @@ def test_clear_removes_every_user_key_of_a_key_written_before_it() -> None:
 
 
 def _table(rows: list, schema: pa.Schema) -> pa.Table:
-    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in schema]
-    return pa.table([pa.array(list(c), f.type) for c, f in zip(cols, schema, strict=True)],
-                    schema=schema)  # fmt: skip
+    cols: list[list[Any]] = [[r[i] for r in rows] for i in range(len(schema))]
+    return pa.table([pa.array(c, f.type) for c, f in zip(cols, schema, strict=True)], schema=schema)
 
 
 identities = st.tuples(
@@ -252,7 +251,10 @@ def _delta_row(ident: tuple, uk: bytes | None, op: int, seq: int, n: int) -> Del
     chain=st.lists(delta_rows, max_size=4),
 )
 def test_fold_tables_equals_the_reference_fold(base: list, chain: list) -> None:
-    unique = {(i, uk): StateEntry(i[0], 7, *i[1:], uk, b"base", None) for i, uk in base}
+    unique = {
+        ((kg, key, ns, state), uk): StateEntry(kg, 7, key, ns, state, uk, b"base", None)
+        for (kg, key, ns, state), uk in base
+    }
     base_rows = sorted(unique.values(), key=lambda e: e.key_group)
     deltas = [
         [_delta_row(i, uk, op, seq, n) for n, (i, uk, op, seq) in enumerate(rows)]  # seq unordered

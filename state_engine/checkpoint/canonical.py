@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from state_engine.errors import (
     SnapshotFileMismatch,
     StatekeeperError,
 )
-from state_engine.state.meta import StateEntry
+from state_engine.state.meta import StateColumns, StateEntry
 
 # The operator-state row of canonical snapshots is the operator-state backend's own row.
 OperatorStateEntry = OperatorStateRow
@@ -756,6 +756,35 @@ def batches_to_entries(batches: Iterable[pa.RecordBatch]) -> Iterator[StateEntry
     for batch in batches:
         cols = [batch.column(name).to_pylist() for name in KEYED_SCHEMA.names]
         yield from map(StateEntry._make, zip(*cols, strict=True))
+
+
+def as_table(batches: Iterable[pa.RecordBatch], schema: pa.Schema = KEYED_SCHEMA) -> pa.Table:
+    """Batches (of any files, whose schemas may differ in order or nullability) as one table of
+    ``schema``."""
+    tables = [
+        pa.Table.from_batches([b]).select(schema.names).cast(schema) for b in batches if b.num_rows
+    ]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def state_columns(table: pa.Table, sort_states: Collection[str] = ()) -> Iterator[StateColumns]:
+    """A canonical table's rows as one :class:`StateColumns` per state, in table order; the rows
+    of the states in ``sort_states`` sorted by (key group, key, namespace, user key), which puts
+    list elements in position order."""
+    if table.num_rows == 0:
+        return
+    enc = pc.dictionary_encode(table.column("state").combine_chunks())
+    names = enc.dictionary.to_pylist()
+    codes = int_values(enc.indices)
+    for i, name in enumerate(names):
+        part = table if len(names) == 1 else table.take(arrow_array(np.flatnonzero(codes == i)))
+        if name in sort_states:
+            order = ("key_group", "key", "namespace", "user_key")
+            part = part.sort_by([(c, "ascending") for c in order])
+        yield StateColumns(
+            name,
+            *(part.column(c).to_pylist() for c in KEYED_SCHEMA.names if c != "state"),
+        )
 
 
 def read_entries(

@@ -21,11 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from state_engine.checkpoint.canonical import (
     KEYED_SCHEMA,
     CanonicalWriter,
+    arrow_array,
+    as_table,
     batches_to_entries,
     binary_lengths,
     int_values,
@@ -162,16 +166,141 @@ def _sort_key(e: StateEntry) -> tuple[Any, ...]:
     return (e.key_group, e.key, e.namespace, e.state, e.user_key is not None, e.user_key or b"")
 
 
-def read_folded(
+def fold_tables(base: pa.Table | None, deltas: Sequence[pa.Table]) -> pa.Table:
+    """:func:`fold` on Arrow tables, vectorised: the live rows of ``base`` (canonical rows, or
+    None) with ``deltas`` (delta rows, in chain order) applied, as a canonical table in
+    key-group order.
+
+    Every row gets a stamp, its position in the chain (the base first, then each delta stably
+    sorted by ``seq``); identities and (key group, key, namespace, state) groups become integer
+    ids through Arrow's hash-based dictionary encoding, so the rule costs a few linear passes:
+    a row survives only after its group's last CLEAR, and per identity the last surviving row
+    wins if it is a PUT.
+    """
+    parts = []
+    with_base = base is not None and base.num_rows > 0
+    if base is not None and with_base:
+        n = base.num_rows
+        columns = base.select(KEYED_SCHEMA.names).cast(KEYED_SCHEMA).columns
+        op_seq = [arrow_array(np.full(n, PUT, dtype=np.int8)), arrow_array(np.zeros(n, np.int64))]
+        parts.append(pa.Table.from_arrays([*columns, *op_seq], schema=DELTA_SCHEMA))
+    for position, delta in enumerate(deltas, start=1):
+        if delta.num_rows == 0:
+            continue
+        missing = [name for name in DELTA_SCHEMA.names if name not in delta.column_names]
+        if missing:
+            raise InvalidStateRows(
+                f"delta {position} of the chain lacks column(s) {', '.join(missing)}; delta rows "
+                f"have {len(DELTA_SCHEMA)} ({', '.join(DELTA_SCHEMA.names)})"
+            )
+        delta = delta.select(DELTA_SCHEMA.names).cast(DELTA_SCHEMA)
+        seq = int_values(delta.column("seq"))
+        if len(seq) > 1 and (seq[1:] < seq[:-1]).any():
+            delta = delta.take(arrow_array(np.argsort(seq, kind="stable")))
+        op = int_values(delta.column("op"))
+        bad = (op != PUT) & (op != DELETE) & (op != CLEAR)
+        if bad.any():
+            raise InvalidStateRows(
+                f"delta {position} of the chain has op {int(op[bad][0])}; use PUT ({PUT}), "
+                f"DELETE ({DELETE}) or CLEAR ({CLEAR})"
+            )
+        parts.append(delta)
+    if not parts:
+        return KEYED_SCHEMA.empty_table()
+    if len(parts) == 1 and with_base:
+        return _in_key_group_order(parts[0].select(KEYED_SCHEMA.names))  # the base alone
+    chain = pa.concat_tables(parts)
+    op = int_values(chain.column("op"))
+    stamp = np.arange(chain.num_rows, dtype=np.int64)
+    group = _ids([chain.column(c) for c in ("key_group", "key", "namespace", "state")])
+    survives = op != CLEAR
+    cleared = ~survives
+    if cleared.any():
+        last_clear = np.full(int(group.max()) + 1, -1, dtype=np.int64)
+        np.maximum.at(last_clear, group[cleared], stamp[cleared])
+        survives &= stamp > last_clear[group]
+    rows = stamp[survives]
+    ident = _densify(_pair(group[rows], _ids([chain.column("user_key")])[rows]))
+    last = np.full(int(ident.max()) + 1 if len(ident) else 0, -1, dtype=np.int64)
+    np.maximum.at(last, ident, rows)
+    last = last[last >= 0]  # ids are bounded, not dense
+    winners = last[op[last] == PUT]
+    winners.sort()
+    return _in_key_group_order(chain.take(arrow_array(winners)).select(KEYED_SCHEMA.names))
+
+
+def _in_key_group_order(table: pa.Table) -> pa.Table:
+    kg = int_values(table.column("key_group"))
+    if len(kg) < 2 or (kg[1:] >= kg[:-1]).all():
+        return table
+    return table.take(arrow_array(np.argsort(kg, kind="stable")))
+
+
+def _ids(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+    """Bounded int64 ids (0 <= id < 2 * rows) of the rows' values in ``columns``, equal exactly
+    when the values are (a null is a value of its own)."""
+    out: np.ndarray | None = None
+    for col in columns:
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        if pa.types.is_integer(col.type):
+            codes = int_values(col).astype(np.int64)
+            codes = codes - codes.min() if len(codes) else codes
+        else:
+            enc = pc.dictionary_encode(col)
+            codes = int_values(enc.indices, null=-1).astype(np.int64) + 1
+        out = codes if out is None else _densify(_pair(out, codes))
+    assert out is not None
+    return _densify(out)
+
+
+def _pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One int64 per (a, b) pair of non-negative ids, equal exactly when both are."""
+    width = int(b.max()) + 1 if len(b) else 1
+    if len(a) and int(a.max()) >= (1 << 62) // width:
+        raise InvalidStateRows(f"too many distinct identities to fold ({len(a)} rows)")
+    paired: np.ndarray = a * width + b
+    return paired
+
+
+def _densify(codes: np.ndarray) -> np.ndarray:
+    """``codes`` (non-negative) renumbered below ``2 * len(codes)``: as they are if they already
+    are, else 0..m-1 in order of first appearance (a hash pass, no sort)."""
+    if len(codes) == 0:
+        return codes
+    if int(codes.max()) < 2 * len(codes):
+        return codes  # already small: ids need not be contiguous, only bounded
+    enc = pc.dictionary_encode(arrow_array(codes))
+    return int_values(enc.indices).astype(np.int64)
+
+
+def read_folded_table(
     snapshot: SnapshotDir,
     meta: SnapshotMetadata,
     key_group_range: tuple[int, int],
     *,
     operator: str | None = None,
     stats: ReadStats | None = None,
-) -> Iterator[StateEntry]:
-    """The live entries of ``key_group_range`` in a delta snapshot: its base folded with its
-    delta files in ``chain_index`` order (each read only for the range's row groups)."""
+) -> pa.Table:
+    """The live rows of ``key_group_range`` in a delta snapshot as one canonical table in
+    key-group order: its base with its delta files folded on in ``chain_index`` order (each
+    file read only for the range's row groups), by :func:`fold_tables`."""
+    base, chain = _chain_files(snapshot, meta, operator)
+
+    def table(files: list[SnapshotFile], schema: pa.Schema) -> pa.Table:
+        return as_table(
+            read_key_groups(snapshot, meta, key_group_range, files=files, stats=stats), schema
+        )
+
+    return fold_tables(
+        table(base, KEYED_SCHEMA), [table(chain[i], DELTA_SCHEMA) for i in sorted(chain)]
+    )
+
+
+def _chain_files(
+    snapshot: SnapshotDir, meta: SnapshotMetadata, operator: str | None
+) -> tuple[list[SnapshotFile], dict[int, list[SnapshotFile]]]:
+    """An operator's keyed base files and its delta files by chain index."""
     op = meta.operator(operator)
     by_path = {f.path: f for f in meta.files}
     paths = dict.fromkeys(p for s in op.subtasks for p in s.files)
@@ -186,6 +315,20 @@ def read_folded(
                     f"{f.path!r} is missing; restore from another snapshot"
                 )
             chain.setdefault(f.chain_index, []).append(f)
+    return base, chain
+
+
+def read_folded(
+    snapshot: SnapshotDir,
+    meta: SnapshotMetadata,
+    key_group_range: tuple[int, int],
+    *,
+    operator: str | None = None,
+    stats: ReadStats | None = None,
+) -> Iterator[StateEntry]:
+    """The live entries of ``key_group_range`` in a delta snapshot: its base folded with its
+    delta files in ``chain_index`` order (each read only for the range's row groups)."""
+    base, chain = _chain_files(snapshot, meta, operator)
     base_rows = batches_to_entries(
         read_key_groups(snapshot, meta, key_group_range, files=base, stats=stats)
     )

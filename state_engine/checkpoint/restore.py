@@ -29,12 +29,13 @@ from state_engine.backends.operator_state import (
 )
 from state_engine.catalog.records import SnapshotRecord
 from state_engine.checkpoint.canonical import (
-    batches_to_entries,
+    as_table,
     read_key_groups,
     read_operator_state,
+    state_columns,
 )
 from state_engine.checkpoint.commit import register
-from state_engine.checkpoint.delta import read_folded
+from state_engine.checkpoint.delta import read_folded_table
 from state_engine.checkpoint.metadata import (
     FileKind,
     OperatorSnapshot,
@@ -70,6 +71,7 @@ from state_engine.serde import (
     serializer_from_snapshot,
 )
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
+from state_engine.state.descriptors import StateKind
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
@@ -333,17 +335,19 @@ def _restore_keyed(
         # a rescaled snapshot lists a file that straddles two subtasks' ranges under both
         canonical_files = list(dict.fromkeys(canonical_files))
         if canonical_files:
-            entries = batches_to_entries(
-                read_key_groups(
-                    snap, meta, (rng.start, rng.end), files=canonical_files, stats=stats
-                )
+            batches = read_key_groups(
+                snap, meta, (rng.start, rng.end), files=canonical_files, stats=stats
             )
-            backend.restore_entries(entries, keyed)
+            # batch by batch: a RocksDB backend restores state larger than memory
+            columns = (c for b in batches for c in state_columns(as_table([b])))
+            backend.restore_columns(columns, keyed)
         if delta:
-            backend.restore_entries(
-                read_folded(snap, meta, (rng.start, rng.end), operator=op.operator_id, stats=stats),
-                keyed,
+            folded = read_folded_table(
+                snap, meta, (rng.start, rng.end), operator=op.operator_id, stats=stats
             )
+            # the fold keeps chain order within a key group: list elements need position order
+            lists = [name for name, m in keyed.items() if m.kind is StateKind.LIST]
+            backend.restore_columns(state_columns(folded, lists), keyed)
         if not canonical_files and not delta:
             backend.restore_entries((), keyed)
     except BaseException:

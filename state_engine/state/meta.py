@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from state_engine.errors import InvalidStateDescriptor
@@ -28,6 +29,39 @@ class StateEntry(NamedTuple):
     user_key: bytes | None
     value: bytes
     expires_at: int | None
+
+
+class StateColumns(NamedTuple):
+    """Canonical rows of one state, column by column (a restore's bulk form of
+    :class:`StateEntry` rows: every column the same length, rows in the same order)."""
+
+    state: str
+    key_group: Sequence[int]
+    key_hash: Sequence[int]
+    key: Sequence[bytes]
+    namespace: Sequence[bytes]
+    user_key: Sequence[bytes | None]
+    value: Sequence[bytes]
+    expires_at: Sequence[int | None]
+
+    @property
+    def rows(self) -> int:
+        return len(self.key)
+
+    def entries(self) -> Iterator[StateEntry]:
+        """The rows as :class:`StateEntry` tuples."""
+        rows = zip(
+            self.key_group,
+            self.key_hash,
+            self.key,
+            self.namespace,
+            repeat(self.state),
+            self.user_key,
+            self.value,
+            self.expires_at,
+            strict=False,  # repeat() never ends; the other columns have one length
+        )
+        return map(StateEntry._make, rows)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ reference, as in Flink: mutate them only through ``update``.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import (
@@ -39,7 +40,7 @@ from state_engine.state.api import (
     ValueState,
 )
 from state_engine.state.descriptors import StateDescriptor, StateKind
-from state_engine.state.meta import StateEntry, StateMetaInfo
+from state_engine.state.meta import StateColumns, StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE
 from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
@@ -875,6 +876,24 @@ class HeapMapState(_HeapState, MapState):
         m[uk] = v if self._ttl is None else (v, expires_at)
 
 
+_IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any]) -> list[Any]:
+    """``raw`` deserialized, each distinct value once when values repeat and decode to immutable
+    objects (shared safely between entries); every row on its own otherwise."""
+    distinct = set(raw)
+    if len(distinct) * 2 > len(raw):
+        return [deserialize(b) for b in raw]
+    cache = {}
+    for b in distinct:
+        obj = deserialize(b)
+        if type(obj) not in _IMMUTABLE:
+            return [deserialize(b) for b in raw]  # mutable: one object per entry
+        cache[b] = obj
+    return [cache[b] for b in raw]
+
+
 _KINDS: dict[StateKind, type[_HeapState]] = {
     StateKind.VALUE: HeapValueState,
     StateKind.LIST: HeapListState,
@@ -1295,6 +1314,54 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             exporter._restore(t, ck, uk, vd(row.value), exp)
             if dirty is not None:
                 dirty[slot].add(ck)
+
+    def restore_columns(
+        self,
+        columns: Iterable[StateColumns],
+        state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
+    ) -> None:
+        """:meth:`restore_entries` from columns: each distinct serialized key, user key and
+        value is decoded once when it decodes to an immutable object (a str, an int...),
+        and the rows of one slot go into its table without a lookup per row."""
+        plan = self._prepare_restore(state_meta)
+        n = self._kg_count
+        for c in columns:
+            if c.state not in plan:
+                raise self._unknown_state_row(c.state)
+            if not c.rows:
+                continue
+            self._check_row_key_group(min(c.key_group))
+            self._check_row_key_group(max(c.key_group))
+            name = c.state
+            ser = plan[name][0].serializers
+            nsd = ser["namespace"].deserialize
+            keys = _decoded(self.key_serializer.deserialize, c.key)
+            user_keys: Iterable[Any] = (
+                _decoded(ser["user_key"].deserialize, c.user_key)
+                if "user_key" in ser
+                else itertools.repeat(None)
+            )
+            values = _decoded(ser["value"].deserialize, c.value)
+            expiries = [INT64_MAX if e is None else e for e in c.expires_at]
+            restore = self._exporters[name]._restore
+            dirty = self._dirty_of.get(name)
+            start = self._kg_start
+            last_slot: int = -1
+            t: dict[Any, Any] = {}
+            changed: set[Any] | None = None
+            for kg, key, ns, uk, v, exp in zip(
+                c.key_group, keys, c.namespace, user_keys, values, expiries, strict=False
+            ):
+                if ns:
+                    slot, ck = n + kg - start, (key, nsd(ns))
+                else:
+                    slot, ck = kg - start, key
+                if slot != last_slot:
+                    last_slot, t = slot, self._writable_slot(name, slot)
+                    changed = dirty[slot] if dirty is not None else None
+                restore(t, ck, uk, v, exp)
+                if changed is not None:
+                    changed.add(ck)
 
     def _writable_slot(self, name: str, slot: int) -> dict[Any, Any]:
         frozen = self._frozen_of[name]

@@ -15,10 +15,11 @@ reference, as in Flink: mutate them only through ``update``.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from state_engine.backends.base import (
     ChangedKey,
@@ -71,6 +72,9 @@ class _HeapState(State):
         self._frozen: set[int] = backend._frozen_of[meta.name]
         # Per slot, the composite keys written since the last view; None: not tracking.
         self._dirty: list[set[Any]] | None = backend._dirty_of.get(meta.name)
+        # Map states: per slot, the (composite key, user key) entries put or removed since the
+        # last view (a delta then writes just those entries, not the key's whole map).
+        self._dirty_uk: list[set[tuple[Any, Any]]] | None = backend._dirty_uk_of.get(meta.name)
         self._n = backend._kg_count
         self._void = True
         self._ns: Any = VOID_NAMESPACE
@@ -719,8 +723,13 @@ class HeapMapState(_HeapState, MapState):
             return e[0] if self._ret_exp else None
         if self._upd_read:
             self._writable(i)[ck][uk] = (e[0], expiry(now, self._ttl_ms))
-            self._mark(i, ck)
+            self._mark_entry(i, ck, uk)
         return e[0]
+
+    def _mark_entry(self, i: int, ck: Any, uk: Any) -> None:
+        d = self._dirty_uk
+        if d is not None:
+            d[i].add((ck, uk))
 
     def _remove(self, i: int, ck: Any, uk: Any) -> None:
         t = self._writable(i)
@@ -728,7 +737,7 @@ class HeapMapState(_HeapState, MapState):
         del m[uk]
         if not m:
             del t[ck]
-        self._mark(i, ck)
+        self._mark_entry(i, ck, uk)
 
     def get(self, key: Any) -> Any:
         b = self._b
@@ -780,8 +789,8 @@ class HeapMapState(_HeapState, MapState):
             t[ck] = {key: value}
         else:
             m[key] = value
-        if self._dirty is not None:
-            self._dirty[i].add(ck)
+        if self._dirty_uk is not None:
+            self._dirty_uk[i].add((ck, key))
         if self._inc:
             self._inc_step()
 
@@ -804,7 +813,8 @@ class HeapMapState(_HeapState, MapState):
             t[ck] = new
         else:
             m.update(new)
-        self._mark(i, ck)
+        if self._dirty_uk is not None:
+            self._dirty_uk[i].update((ck, k) for k in new)
         if self._inc:
             self._inc_step()
 
@@ -868,11 +878,59 @@ class HeapMapState(_HeapState, MapState):
                 if now is None or exp > now:
                     yield kser(uk), vser(v), exp
 
+    def _entry_rows(
+        self, obj: Any, uks: Iterable[Any], now: int | None
+    ) -> tuple[list[tuple[bytes, bytes, int | None]], list[bytes]]:
+        """The rows of the entries ``uks`` of map ``obj`` (None: no map) and the serialized user
+        keys of those it no longer holds (removed, or expired at ``now``)."""
+        kser = self.meta.serializers["user_key"].serialize
+        vser = self.meta.serializers["value"].serialize
+        puts: list[tuple[bytes, bytes, int | None]] = []
+        gone: list[bytes] = []
+        get = obj.get if obj is not None else (lambda uk: None)
+        ttl = self._ttl is not None
+        for uk in uks:
+            e = get(uk)
+            if e is None and (obj is None or uk not in obj):
+                gone.append(kser(uk))
+            elif not ttl:
+                puts.append((kser(uk), vser(e), None))
+            elif now is None or e[1] > now:
+                puts.append((kser(uk), vser(e[0]), e[1]))
+            else:
+                gone.append(kser(uk))
+        return puts, gone
+
     def _restore(self, t: dict[Any, Any], ck: Any, uk: Any, v: Any, expires_at: int) -> None:
         m = t.get(ck)
         if m is None:
             m = t[ck] = {}
         m[uk] = v if self._ttl is None else (v, expires_at)
+
+
+class KeyChange(NamedTuple):
+    """One (state, key, namespace)'s change since the last confirmed view (see
+    :meth:`HeapStateView.changes`)."""
+
+    state: str
+    key_group: int
+    key_hash: int
+    key: bytes
+    namespace: bytes
+    #: True: ``rows`` are all its rows now (none: it is gone); False: only some map entries
+    #: changed, ``rows`` are theirs and ``removed`` the user keys of the entries gone
+    whole: bool
+    rows: list[StateEntry]
+    removed: list[bytes]
+
+
+def _change_order(c: KeyChange) -> tuple[str, bytes, bytes]:
+    return (c.state, c.key, c.namespace)
+
+
+#: One state's changes in one epoch: per slot the composite keys changed as a whole, and (map
+#: states; None for others) the (composite key, user key) entries put or removed.
+_Epoch = tuple[list[set[Any]], list[set[tuple[Any, Any]]] | None]
 
 
 _KINDS: dict[StateKind, type[_HeapState]] = {
@@ -910,7 +968,7 @@ class HeapStateView(KeyedStateView):
         tables: dict[str, list[dict[Any, Any]]],
         now: dict[str, int | None],
         view_id: int,
-        epochs: list[tuple[int, dict[str, list[set[Any]]]]] | None,
+        epochs: list[tuple[int, dict[str, _Epoch]]] | None,
     ) -> None:
         self._backend: HeapKeyedStateBackend | None = backend
         self._exporters = exporters
@@ -1027,6 +1085,16 @@ class HeapStateView(KeyedStateView):
 
         Within a key group the order is (state, key bytes, namespace bytes).
         """
+        for c in self.changes(whole_keys=True):
+            yield ChangedKey(c.state, c.key_group, c.key_hash, c.key, c.namespace, c.rows)
+
+    def changes(self, *, whole_keys: bool = False) -> Iterator[KeyChange]:
+        """What changed since the last confirmed view, per (state, key, namespace), in the order
+        of :meth:`changed`. A map entry put or removed on its own is a change of just that entry
+        (``whole=False``: ``rows`` its rows now, ``removed`` the user keys gone) unless
+        ``whole_keys``; anything else (a value written, a map cleared, a restored key) is a
+        change of the whole (state, key, namespace): ``rows`` are its complete rows.
+        """
         self._check_live()
         if self._epochs is None:
             raise StateError(
@@ -1039,19 +1107,32 @@ class HeapStateView(KeyedStateView):
         for kgi in range(n):
             kg = start + kgi
             keys: dict[Any, tuple[int, bytes]] = {}
-            out: list[ChangedKey] = []
+            out: list[KeyChange] = []
             for name in names:
                 exp = self._exporters[name]
                 slots = self._tables[name]
                 now = self._now[name]
                 nser = exp._ns_ser.serialize
                 for slot in (kgi, n + kgi):
-                    cks: set[Any] = set()
+                    whole: set[Any] = set()
+                    entries: dict[Any, list[Any]] = {}
                     for _, ep in self._epochs:
-                        dl = ep.get(name)
-                        if dl is not None and dl[slot]:
-                            cks |= dl[slot]
-                    for ck in cks:
+                        d = ep.get(name)
+                        if d is None:
+                            continue
+                        if d[0][slot]:
+                            whole |= d[0][slot]
+                        if d[1] is not None and d[1][slot]:
+                            for ck, uk in d[1][slot]:
+                                entries.setdefault(ck, []).append(uk)
+                    if whole_keys:
+                        whole.update(entries)
+                    for ck in whole:
+                        entries.pop(ck, None)
+                    table = slots[slot]
+                    for ck, is_whole in itertools.chain(
+                        zip(whole, itertools.repeat(True)), zip(entries, itertools.repeat(False))
+                    ):
                         if slot == kgi:
                             key, nsb = ck, b""
                         else:
@@ -1060,19 +1141,26 @@ class HeapStateView(KeyedStateView):
                         try:
                             if kinfo is None:
                                 kinfo = keys[key] = (key_hash(key), kser(key))
-                            obj = slots[slot].get(ck)
-                            rows = (
-                                []
-                                if obj is None
-                                else [
-                                    StateEntry(kg, kinfo[0], kinfo[1], nsb, name, uk, vb, ea)
-                                    for uk, vb, ea in exp._rows(obj, now)
-                                ]
-                            )
+                            obj = table.get(ck)
+                            removed: list[bytes] = []
+                            if is_whole:
+                                rows = [] if obj is None else list(exp._rows(obj, now))
+                            else:
+                                uks = set(entries[ck])
+                                rows, removed = exp._entry_rows(obj, uks, now)  # type: ignore[attr-defined]  # only map states mark entries
+                                rows.sort()
+                                removed.sort()
                         except SerializationError as e:
                             raise SerializationError(f"state {name!r}, key {key!r:.60}: {e}") from e
-                        out.append(ChangedKey(name, kg, kinfo[0], kinfo[1], nsb, rows))
-            out.sort(key=lambda c: (c.state, c.key, c.namespace))
+                        out.append(
+                            KeyChange(
+                                name, kg, kinfo[0], kinfo[1], nsb, is_whole,
+                                [StateEntry(kg, kinfo[0], kinfo[1], nsb, name, uk, vb, ea)
+                                 for uk, vb, ea in rows],
+                                removed,
+                            )
+                        )  # fmt: skip
+            out.sort(key=_change_order)
             yield from out
 
     def release(self) -> None:
@@ -1124,24 +1212,27 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._live_views = 0
         self.track_changes = bool(track_changes)
         self._dirty_of: dict[str, list[set[Any]]] = {}
-        self._epochs: list[tuple[int, dict[str, list[set[Any]]]]] = []
+        self._dirty_uk_of: dict[str, list[set[tuple[Any, Any]]]] = {}
+        self._epochs: list[tuple[int, dict[str, _Epoch]]] = []
         self._last_view_id = 0
         self._confirmed_view_id = 0
         self._delta: DeltaSnapshotStrategy | None = None
 
-    def _new_slots(self, name: str) -> None:
+    def _new_slots(self, name: str, kind: StateKind) -> None:
         if name not in self._tables_of:
             self._tables_of[name] = [{} for _ in range(2 * self._kg_count)]
             self._frozen_of[name] = set()
             if self.track_changes:
                 self._dirty_of[name] = [set() for _ in range(2 * self._kg_count)]
+                if kind is StateKind.MAP:
+                    self._dirty_uk_of[name] = [set() for _ in range(2 * self._kg_count)]
 
     def _create_state(
         self, descriptor: StateDescriptor, meta: StateMetaInfo, migrate_from: StateMetaInfo | None
     ) -> State:
         # Objects are stored deserialized: a compatible serializer change needs no rewrite here.
-        self._new_slots(meta.name)
         kind = meta.kind
+        self._new_slots(meta.name, kind)
         st: _HeapState
         if kind is StateKind.VALUE:
             st = HeapValueState(self, meta, descriptor.default)  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
@@ -1155,7 +1246,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return st
 
     def _register_restored(self, meta: StateMetaInfo) -> None:
-        self._new_slots(meta.name)
+        self._new_slots(meta.name, meta.kind)
         self._exporters[meta.name] = _exporter(self, meta)
 
     def keys(self, state_name: str, namespace: Any) -> Iterator[Any]:
@@ -1209,13 +1300,15 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def _close_epoch(self, view_id: int) -> None:
         """Freeze the changes made since the previous view under ``view_id``; start new sets."""
-        epoch: dict[str, list[set[Any]]] = {}
+        epoch: dict[str, _Epoch] = {}
         for name, dirty in self._dirty_of.items():
-            if any(dirty):
-                epoch[name] = list(dirty)
-                for i, s in enumerate(dirty):
-                    if s:
-                        dirty[i] = set()
+            entries = self._dirty_uk_of.get(name)
+            if any(dirty) or (entries is not None and any(entries)):
+                epoch[name] = (list(dirty), None if entries is None else list(entries))
+                for sets in (dirty, entries or ()):
+                    for i, s in enumerate(sets):
+                        if s:
+                            sets[i] = set()
         self._epochs.append((view_id, epoch))
 
     def snapshot_strategy(self, format: SnapshotFormat) -> SnapshotStrategy | None:
@@ -1305,5 +1398,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def close(self) -> None:
         self._tables_of.clear()
         self._dirty_of.clear()
+        self._dirty_uk_of.clear()
         self._epochs.clear()
         super().close()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from state_engine.checkpoint.canonical import WrittenFiles
-from state_engine.checkpoint.delta import CLEAR, PUT, DeltaWriter
+from state_engine.checkpoint.delta import CLEAR, DELETE, PUT, DeltaWriter
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.strategies import (
     SHARED_PREFIX,
@@ -117,11 +117,15 @@ class DeltaCapture(Capture[WrittenFiles]):
 
 def _delta_rows(view: HeapStateView) -> Iterator[tuple[Any, ...]]:
     seq = 0
-    for ck in view.changed():
-        seq += 1
-        head = (ck.key_group, ck.key_hash, ck.key, ck.namespace, ck.state)
-        yield (*head, None, b"", None, CLEAR, seq)
-        for r in ck.rows:
+    for c in view.changes():
+        head = (c.key_group, c.key_hash, c.key, c.namespace, c.state)
+        if c.whole:
+            seq += 1
+            yield (*head, None, b"", None, CLEAR, seq)
+        for uk in c.removed:
+            seq += 1
+            yield (*head, uk, b"", None, DELETE, seq)
+        for r in c.rows:
             seq += 1
             yield (*r, PUT, seq)
 

@@ -239,14 +239,16 @@ class CheckpointManager:
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
         strategies = self._strategies(subtasks, fmt)
-        self.notify_checkpoint_complete()
+        # the last completed checkpoint, read with the completions confirmed up to it: what
+        # the strategies build on (another may complete meanwhile on the checkpoint thread)
+        last = self._confirm_completed()
         incremental = (
             kind_ is SnapshotKind.CHECKPOINT
             and fmt is not SnapshotFormat.CANONICAL
             and self.incremental
             and not self._force_full
         )
-        parent = self._last_completed if incremental else None
+        parent = last if incremental else None
         commit = self._begin(kind_, fmt, parallelism, savepoint_dir, trigger, parent)
         record, snap = commit.record, commit.snapshot
         ctx = WriteContext(
@@ -749,6 +751,15 @@ class CheckpointManager:
             self._to_confirm = [x for x in self._to_confirm if x not in ready]
         for _cid, on_complete in ready:
             on_complete()
+
+    def _confirm_completed(self) -> SnapshotRecord | None:
+        """:meth:`notify_checkpoint_complete` for every completed checkpoint; the last one."""
+        with self._lock:
+            ready, self._to_confirm = self._to_confirm, []
+            last = self._last_completed
+        for _cid, on_complete in ready:
+            on_complete()
+        return last
 
     # --- restore ---
 

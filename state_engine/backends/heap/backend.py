@@ -15,11 +15,11 @@ reference, as in Flink: mutate them only through ``update``.
 
 from __future__ import annotations
 
-import itertools
 import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from itertools import repeat
+from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import (
     ChangedKey,
@@ -52,6 +52,7 @@ _POS = struct.Struct(">I")
 # Values whose identity implies their content: a cached row of one stays valid (no TTL).
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
 _NO_DEFAULT = object()
+_MISSING: Any = object()
 _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
 # An expiry below this bound cannot pass INT64_MAX when added to a wall-clock time in ms, so the
@@ -878,54 +879,11 @@ class HeapMapState(_HeapState, MapState):
                 if now is None or exp > now:
                     yield kser(uk), vser(v), exp
 
-    def _entry_rows(
-        self, obj: Any, uks: Iterable[Any], now: int | None
-    ) -> tuple[list[tuple[bytes, bytes, int | None]], list[bytes]]:
-        """The rows of the entries ``uks`` of map ``obj`` (None: no map) and the serialized user
-        keys of those it no longer holds (removed, or expired at ``now``)."""
-        kser = self.meta.serializers["user_key"].serialize
-        vser = self.meta.serializers["value"].serialize
-        puts: list[tuple[bytes, bytes, int | None]] = []
-        gone: list[bytes] = []
-        get = obj.get if obj is not None else (lambda uk: None)
-        ttl = self._ttl is not None
-        for uk in uks:
-            e = get(uk)
-            if e is None and (obj is None or uk not in obj):
-                gone.append(kser(uk))
-            elif not ttl:
-                puts.append((kser(uk), vser(e), None))
-            elif now is None or e[1] > now:
-                puts.append((kser(uk), vser(e[0]), e[1]))
-            else:
-                gone.append(kser(uk))
-        return puts, gone
-
     def _restore(self, t: dict[Any, Any], ck: Any, uk: Any, v: Any, expires_at: int) -> None:
         m = t.get(ck)
         if m is None:
             m = t[ck] = {}
         m[uk] = v if self._ttl is None else (v, expires_at)
-
-
-class KeyChange(NamedTuple):
-    """One (state, key, namespace)'s change since the last confirmed view (see
-    :meth:`HeapStateView.changes`)."""
-
-    state: str
-    key_group: int
-    key_hash: int
-    key: bytes
-    namespace: bytes
-    #: True: ``rows`` are all its rows now (none: it is gone); False: only some map entries
-    #: changed, ``rows`` are theirs and ``removed`` the user keys of the entries gone
-    whole: bool
-    rows: list[StateEntry]
-    removed: list[bytes]
-
-
-def _change_order(c: KeyChange) -> tuple[str, bytes, bytes]:
-    return (c.state, c.key, c.namespace)
 
 
 #: One state's changes in one epoch: per slot the composite keys changed as a whole, and (map
@@ -1081,19 +1039,10 @@ class HeapStateView(KeyedStateView):
             cache[ns_slot] = new
 
     def changed(self) -> Iterator[ChangedKey]:
-        """Every (state, key, namespace) changed since the last confirmed view, key-group order.
+        """Every (state, key, namespace) changed since the last confirmed view, key-group order,
+        with its complete rows (a map entry changed on its own counts as its whole key here).
 
         Within a key group the order is (state, key bytes, namespace bytes).
-        """
-        for c in self.changes(whole_keys=True):
-            yield ChangedKey(c.state, c.key_group, c.key_hash, c.key, c.namespace, c.rows)
-
-    def changes(self, *, whole_keys: bool = False) -> Iterator[KeyChange]:
-        """What changed since the last confirmed view, per (state, key, namespace), in the order
-        of :meth:`changed`. A map entry put or removed on its own is a change of just that entry
-        (``whole=False``: ``rows`` its rows now, ``removed`` the user keys gone) unless
-        ``whole_keys``; anything else (a value written, a map cleared, a restored key) is a
-        change of the whole (state, key, namespace): ``rows`` are its complete rows.
         """
         self._check_live()
         if self._epochs is None:
@@ -1107,32 +1056,23 @@ class HeapStateView(KeyedStateView):
         for kgi in range(n):
             kg = start + kgi
             keys: dict[Any, tuple[int, bytes]] = {}
-            out: list[KeyChange] = []
+            out: list[ChangedKey] = []
             for name in names:
                 exp = self._exporters[name]
                 slots = self._tables[name]
                 now = self._now[name]
                 nser = exp._ns_ser.serialize
                 for slot in (kgi, n + kgi):
-                    whole: set[Any] = set()
-                    entries: dict[Any, list[Any]] = {}
+                    cks: set[Any] = set()
                     for _, ep in self._epochs:
                         d = ep.get(name)
                         if d is None:
                             continue
                         if d[0][slot]:
-                            whole |= d[0][slot]
+                            cks |= d[0][slot]
                         if d[1] is not None and d[1][slot]:
-                            for ck, uk in d[1][slot]:
-                                entries.setdefault(ck, []).append(uk)
-                    if whole_keys:
-                        whole.update(entries)
-                    for ck in whole:
-                        entries.pop(ck, None)
-                    table = slots[slot]
-                    for ck, is_whole in itertools.chain(
-                        zip(whole, itertools.repeat(True)), zip(entries, itertools.repeat(False))
-                    ):
+                            cks.update(ck for ck, _ in d[1][slot])
+                    for ck in cks:
                         if slot == kgi:
                             key, nsb = ck, b""
                         else:
@@ -1141,27 +1081,126 @@ class HeapStateView(KeyedStateView):
                         try:
                             if kinfo is None:
                                 kinfo = keys[key] = (key_hash(key), kser(key))
-                            obj = table.get(ck)
-                            removed: list[bytes] = []
-                            if is_whole:
-                                rows = [] if obj is None else list(exp._rows(obj, now))
-                            else:
-                                uks = set(entries[ck])
-                                rows, removed = exp._entry_rows(obj, uks, now)  # type: ignore[attr-defined]  # only map states mark entries
-                                rows.sort()
-                                removed.sort()
+                            obj = slots[slot].get(ck)
+                            rows = (
+                                []
+                                if obj is None
+                                else [
+                                    StateEntry(kg, kinfo[0], kinfo[1], nsb, name, uk, vb, ea)
+                                    for uk, vb, ea in exp._rows(obj, now)
+                                ]
+                            )
                         except SerializationError as e:
                             raise SerializationError(f"state {name!r}, key {key!r:.60}: {e}") from e
-                        out.append(
-                            KeyChange(
-                                name, kg, kinfo[0], kinfo[1], nsb, is_whole,
-                                [StateEntry(kg, kinfo[0], kinfo[1], nsb, name, uk, vb, ea)
-                                 for uk, vb, ea in rows],
-                                removed,
-                            )
-                        )  # fmt: skip
-            out.sort(key=_change_order)
+                        out.append(ChangedKey(name, kg, kinfo[0], kinfo[1], nsb, rows))
+            out.sort(key=lambda c: (c.state, c.key, c.namespace))
             yield from out
+
+    def delta_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
+        """:meth:`changes` as the columns of delta rows (``checkpoint.delta``'s schema without
+        ``seq``), about ``batch_rows`` rows a chunk, built in one pass with no object per
+        change: per whole change a CLEAR then its rows as PUTs; per map entry changed on its own
+        a PUT, or a DELETE if it is gone. Key-group order; within a key group, per state, whole
+        changes then entries (in no particular order: each identity occurs once).
+        """
+        from state_engine.checkpoint.delta import CLEAR, DELETE, PUT
+
+        self._check_live()
+        if self._epochs is None:
+            raise StateError(
+                "delta_columns() needs an incremental view: take snapshot_view(incremental=True) "
+                "on a backend created with track_changes=True"
+            )
+        names = ("key_group", "key_hash", "key", "namespace", "state", "user_key", "value")
+        cols: dict[str, list[Any]] = {n: [] for n in (*names, "expires_at", "op")}
+        kg_c, kh_c, key_c, ns_c, st_c, uk_c, v_c = (cols[n] for n in names)
+        ea_c, op_c = cols["expires_at"], cols["op"]
+        start, n = self._range.start, len(self._range)
+        state_names = sorted({name for _, ep in self._epochs for name in ep})
+        kser = self._key_ser.serialize
+        for kgi in range(n):
+            kg = start + kgi
+            keys: dict[Any, tuple[int, bytes]] = {}
+            for name in state_names:
+                exp = self._exporters[name]
+                table_of = self._tables[name]
+                now = self._now[name]
+                nser = exp._ns_ser.serialize
+                sers = exp.meta.serializers
+                vser = sers["value"].serialize
+                user = sers["user_key"].serialize if "user_key" in sers else None
+                ttl = exp._ttl is not None
+                for slot in (kgi, n + kgi):
+                    whole: set[Any] = set()
+                    entries: set[tuple[Any, Any]] = set()
+                    for _, ep in self._epochs:
+                        d = ep.get(name)
+                        if d is None:
+                            continue
+                        if d[0][slot]:
+                            whole |= d[0][slot]
+                        if d[1] is not None and d[1][slot]:
+                            entries |= d[1][slot]
+                    if not whole and not entries:
+                        continue
+                    table = table_of[slot]
+                    void = slot == kgi
+                    try:
+                        for ck in whole:
+                            key, nsb = (ck, b"") if void else (ck[0], nser(ck[1]))
+                            kinfo = keys.get(key)
+                            if kinfo is None:
+                                kinfo = keys[key] = (key_hash(key), kser(key))
+                            obj = table.get(ck)
+                            rows = [] if obj is None else list(exp._rows(obj, now))
+                            m = len(rows) + 1
+                            kg_c += repeat(kg, m)
+                            kh_c += repeat(kinfo[0], m)
+                            key_c += repeat(kinfo[1], m)
+                            ns_c += repeat(nsb, m)
+                            st_c += repeat(name, m)
+                            uk_c.append(None)
+                            v_c.append(b"")
+                            ea_c.append(None)
+                            op_c.append(CLEAR)
+                            for uk, vb, ea in rows:
+                                uk_c.append(uk)
+                                v_c.append(vb)
+                                ea_c.append(ea)
+                            op_c += repeat(PUT, len(rows))
+                        for ck, uk in entries:
+                            if ck in whole:
+                                continue  # rewritten as a whole above
+                            assert user is not None  # only map states mark entries
+                            key, nsb = (ck, b"") if void else (ck[0], nser(ck[1]))
+                            kinfo = keys.get(key)
+                            if kinfo is None:
+                                kinfo = keys[key] = (key_hash(key), kser(key))
+                            obj = table.get(ck)
+                            e = _MISSING if obj is None else obj.get(uk, _MISSING)
+                            kg_c.append(kg)
+                            kh_c.append(kinfo[0])
+                            key_c.append(kinfo[1])
+                            ns_c.append(nsb)
+                            st_c.append(name)
+                            uk_c.append(user(uk))
+                            if e is not _MISSING and (not ttl or now is None or e[1] > now):
+                                v_c.append(vser(e[0]) if ttl else vser(e))
+                                ea_c.append(e[1] if ttl else None)
+                                op_c.append(PUT)
+                            else:
+                                v_c.append(b"")
+                                ea_c.append(None)
+                                op_c.append(DELETE)
+                    except SerializationError as e:
+                        raise SerializationError(f"state {name!r} (key group {kg}): {e}") from e
+            if len(op_c) >= batch_rows:
+                yield cols
+                cols = {k: [] for k in cols}
+                kg_c, kh_c, key_c, ns_c, st_c, uk_c, v_c = (cols[n] for n in names)
+                ea_c, op_c = cols["expires_at"], cols["op"]
+        if op_c:
+            yield cols
 
     def release(self) -> None:
         if self._backend is not None:
@@ -1305,10 +1344,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             entries = self._dirty_uk_of.get(name)
             if any(dirty) or (entries is not None and any(entries)):
                 epoch[name] = (list(dirty), None if entries is None else list(entries))
-                for sets in (dirty, entries or ()):
-                    for i, s in enumerate(sets):
-                        if s:
-                            sets[i] = set()
+                for i, s in enumerate(dirty):
+                    if s:
+                        dirty[i] = set()
+                for i, e in enumerate(entries or ()):
+                    if e:
+                        entries[i] = set()  # type: ignore[index]  # not None: enumerated
         self._epochs.append((view_id, epoch))
 
     def snapshot_strategy(self, format: SnapshotFormat) -> SnapshotStrategy | None:

@@ -18,10 +18,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from state_engine.checkpoint.canonical import WrittenFiles
-from state_engine.checkpoint.delta import CLEAR, DELETE, PUT, DeltaWriter
+import numpy as np
+import pyarrow as pa
+
+from state_engine.checkpoint.canonical import DEFAULT_BATCH_ROWS, WrittenFiles, arrow_array
+from state_engine.checkpoint.delta import DELTA_SCHEMA, DeltaWriter
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.strategies import (
     SHARED_PREFIX,
@@ -89,7 +92,8 @@ class DeltaCapture(Capture[WrittenFiles]):
             return writer.finish()
         index = len(self.chain.deltas) + 1
         with self._writer(ctx, shared, index, on_open=opened, writer=DeltaWriter) as delta:
-            delta.write(ctx.guarded(_delta_rows(self.view)))
+            for batch in _delta_batches(self.view, ctx):
+                delta.write_batch(batch)
         return delta.finish()
 
     def result(self, ctx: WriteContext, written: WrittenFiles) -> SubtaskResult:
@@ -115,19 +119,25 @@ class DeltaCapture(Capture[WrittenFiles]):
         self.view.release()
 
 
-def _delta_rows(view: HeapStateView) -> Iterator[tuple[Any, ...]]:
+def _delta_batches(view: HeapStateView, ctx: WriteContext) -> Iterator[pa.RecordBatch]:
+    """The view's changes as delta record batches (see ``HeapStateView.delta_columns``); ``seq``
+    numbers the rows in order."""
     seq = 0
-    for c in view.changes():
-        head = (c.key_group, c.key_hash, c.key, c.namespace, c.state)
-        if c.whole:
-            seq += 1
-            yield (*head, None, b"", None, CLEAR, seq)
-        for uk in c.removed:
-            seq += 1
-            yield (*head, uk, b"", None, DELETE, seq)
-        for r in c.rows:
-            seq += 1
-            yield (*r, PUT, seq)
+    for cols in view.delta_columns(DEFAULT_BATCH_ROWS):
+        n = len(cols["op"])
+        arrays = [
+            arrow_array(np.asarray(cols["key_group"], dtype=np.int32)),
+            *(
+                arrow_array(cols[f.name], f.type)
+                for f in DELTA_SCHEMA
+                if f.name not in ("key_group", "op", "seq")
+            ),
+            arrow_array(np.asarray(cols["op"], dtype=np.int8)),
+            arrow_array(np.arange(seq + 1, seq + n + 1, dtype=np.int64)),
+        ]
+        seq += n
+        yield pa.RecordBatch.from_arrays(arrays, schema=DELTA_SCHEMA)
+        ctx.check()
 
 
 class DeltaSnapshotStrategy:
@@ -139,12 +149,25 @@ class DeltaSnapshotStrategy:
     def __init__(self, backend: HeapKeyedStateBackend) -> None:
         self.backend = backend
         self.chain: Chain | None = None
+        #: the view of the newest capture that writes a new base (0: none yet)
+        self._base_view = 0
 
     def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> DeltaCapture:
         chain = self.chain
-        if not ctx.incremental or chain is None or len(chain.deltas) >= ctx.full_every:
+        # A chain at full_every deltas gets a new base, unless a checkpoint still in flight
+        # (newer than the last confirmed view) writes one: this one extends the chain meanwhile
+        # rather than write the whole state twice. If that base fails, the next confirmed view
+        # is newer and the next capture writes it.
+        base_in_flight = self._base_view > self.backend.confirmed_view_id
+        if (
+            not ctx.incremental
+            or chain is None
+            or (len(chain.deltas) >= ctx.full_every and not base_in_flight)
+        ):
             chain = None
         view = self.backend.snapshot_view(incremental=chain is not None)
+        if chain is None:
+            self._base_view = view.view_id
         return DeltaCapture(operator_uid, subtask_index, self.backend, view, chain, self)
 
     def confirm(self, chain: Chain, view_id: int) -> None:

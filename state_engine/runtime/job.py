@@ -58,7 +58,7 @@ class Job:
     retained: int = 3
     incremental: bool = False
     fork_writer: bool = True
-    max_concurrent_checkpoints: int = 2
+    max_concurrent_checkpoints: int = 1
     clock: Clock | None = None
     source_uid: str = "source"
     operator_uid: str = "process"

@@ -1099,8 +1099,9 @@ class HeapStateView(KeyedStateView):
     def delta_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
         """:meth:`changes` as the columns of delta rows (``checkpoint.delta``'s schema without
         ``seq``), about ``batch_rows`` rows a chunk, built in one pass with no object per
-        change: per whole change a CLEAR then its rows as PUTs; per map entry changed on its own
-        a PUT, or a DELETE if it is gone. Key-group order; within a key group, per state, whole
+        change: per whole change a CLEAR then its rows as PUTs (a value state's value: just its
+        PUT, which replaces the one row it has); per map entry changed on its own a PUT, or a
+        DELETE if it is gone. Key-group order; within a key group, per state, whole
         changes then entries (in no particular order: each identity occurs once).
         """
         from state_engine.checkpoint.delta import CLEAR, DELETE, PUT
@@ -1130,6 +1131,7 @@ class HeapStateView(KeyedStateView):
                 vser = sers["value"].serialize
                 user = sers["user_key"].serialize if "user_key" in sers else None
                 ttl = exp._ttl is not None
+                value_kind = exp.kind is StateKind.VALUE
                 for slot in (kgi, n + kgi):
                     whole: set[Any] = set()
                     entries: set[tuple[Any, Any]] = set()
@@ -1152,6 +1154,21 @@ class HeapStateView(KeyedStateView):
                             if kinfo is None:
                                 kinfo = keys[key] = (key_hash(key), kser(key))
                             obj = table.get(ck)
+                            if value_kind and obj is not None:
+                                # one row, whose identity has no user key: a PUT replaces it
+                                # (no CLEAR needed), unless it expired (then CLEAR it below)
+                                if not ttl or now is None or obj[1] > now:
+                                    kg_c.append(kg)
+                                    kh_c.append(kinfo[0])
+                                    key_c.append(kinfo[1])
+                                    ns_c.append(nsb)
+                                    st_c.append(name)
+                                    uk_c.append(None)
+                                    v_c.append(vser(obj[0]) if ttl else vser(obj))
+                                    ea_c.append(obj[1] if ttl else None)
+                                    op_c.append(PUT)
+                                    continue
+                                obj = None
                             rows = [] if obj is None else list(exp._rows(obj, now))
                             m = len(rows) + 1
                             kg_c += repeat(kg, m)

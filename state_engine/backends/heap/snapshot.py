@@ -4,8 +4,14 @@ Each change-tracking heap backend owns one :class:`DeltaSnapshotStrategy`, which
 of the backend's last confirmed checkpoint: its base files and its deltas, all under ``shared/`` so
 later checkpoints reference them. A checkpoint writes either a new base (no chain yet, the chain
 holds ``full_every`` deltas, or the checkpoint is not incremental) from a full view, or one delta
-from an incremental view: every changed (state, key, namespace) as a CLEAR followed by PUTs of its
-complete current rows (see :mod:`state_engine.checkpoint.delta`).
+from an incremental view: the map entries changed on their own, the values written, every other
+changed (state, key, namespace) as a CLEAR followed by PUTs of its complete current rows (see
+:mod:`state_engine.checkpoint.delta` and ``HeapStateView.delta_columns``).
+
+Checkpoints may overlap (``max_concurrent_checkpoints``): each delta builds on the last
+*confirmed* chain and holds every change not confirmed yet, so it does not depend on a checkpoint
+still in flight. While one in flight writes a new base, the next extends the old chain instead of
+writing the whole state a second time.
 
 The backend forgets changes only when the checkpoint completed: the result's ``on_complete`` runs
 on the task thread (``CheckpointManager.notify_checkpoint_complete``), confirms the view and makes

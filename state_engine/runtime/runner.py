@@ -212,6 +212,7 @@ class JobRunner:
             retained=job.retained,
             incremental=job.incremental,
             fork_writer=job.fork_writer,
+            chain_in_flight=job.max_concurrent_checkpoints > 1,
         )
 
     def _restore_through(

@@ -151,3 +151,54 @@ def test_next_barrier_does_not_wait_for_the_previous_checkpoint(
         assert [r.checkpoint_id for r in coord.stats.completed] == [1, 2, 3, 4, 5, 6, 7]
         assert a.pending.checkpoint_id == 5 and b_.pending.checkpoint_id == 6
     close(job)
+
+
+def test_a_delta_may_continue_the_chain_of_a_checkpoint_in_flight(
+    catalog, storage, tmp_path: Path
+) -> None:
+    job = make_job("heap", tmp_path, 2, track_changes=True)
+    apply(job, KEYS)
+    with manager(catalog, storage, fork_writer=False, chain_in_flight=True) as m:
+        notified: list[int] = []
+        parts = [Participant(st, notified) for st in job]
+        coord = CheckpointCoordinator(m, parts, interval_records=10, max_concurrent=2)
+        coord.wait(coord.trigger(10))  # the base
+        gate = threading.Event()
+        m._executor.submit(gate.wait)
+        apply(job, KEYS[:100], round_=1)
+        second = coord.trigger(20)
+        apply(job, KEYS[:5], round_=2)  # 5 keys changed...
+        third = coord.trigger(30)  # ...written on top of the second's delta, not with it
+        gate.set()
+        coord.wait(second)
+        record = coord.wait(third)
+        meta = read_metadata(storage.snapshot(record.location))
+        assert sorted({f.chain_index or 0 for f in meta.files}) == [0, 1, 2]
+        ops = delta_ops(storage, record)
+        # the 5 keys' values and map entries (key 3 also puts one in a namespace), no more
+        assert ops[("count", PUT)] == 5 and ops[("tags", PUT)] == 6
+        expected = observe(job, KEYS)
+        restored = m.restore(record.id, parallelism=3, factory=factory("heap", tmp_path))
+        assert observe(restored.subtasks, KEYS) == expected
+        close(restored.subtasks)
+
+        # the checkpoint a delta continues fails before the delta is written: the delta's view
+        # holds the whole state, so it writes a new base instead (a forked writer, which wrote
+        # at the barrier, fails instead and the next checkpoint covers its changes)
+        m._executor.submit((gate := threading.Event()).wait)
+        apply(job, KEYS[100:130], round_=3)
+        doomed = coord.trigger(40)
+        apply(job, KEYS[130:140], round_=4)
+        follower = coord.trigger(50)
+        assert doomed.pending.cancel()
+        gate.set()
+        base = coord.wait(follower)
+        assert [f.split(":")[0] for f in coord.stats.failed] == ["CHECKPOINT at barrier 4"]
+        base_meta = read_metadata(storage.snapshot(base.location))
+        assert all(f.kind is FileKind.KEYED for f in base_meta.files)
+        record = coord.wait(coord.trigger(60))
+        expected = observe(job, KEYS)
+        restored = m.restore(record.id, parallelism=1, factory=factory("heap", tmp_path))
+        assert observe(restored.subtasks, KEYS) == expected
+        close(restored.subtasks)
+    close(job)

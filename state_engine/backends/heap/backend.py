@@ -1326,7 +1326,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             )
         return slots
 
-    def snapshot_view(self, incremental: bool = False) -> HeapStateView:
+    def snapshot_view(self, incremental: bool = False, since: int = 0) -> HeapStateView:
         self._check_open()
         if incremental and not self.track_changes:
             raise StateError(
@@ -1349,8 +1349,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         epochs = None
         if self.track_changes:
             self._close_epoch(view_id)
-            if incremental:
-                epochs = list(self._epochs)
+            if incremental:  # the changes after view ``since`` not confirmed yet
+                epochs = [e for e in self._epochs if e[0] > since]
         self._live_views += 1
         return HeapStateView(self, dict(self._exporters), tables, now, view_id, epochs)
 

@@ -477,6 +477,13 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
     # CPU seconds of the busiest thread running records (a worker's, in processes): what
     # the run would take on otherwise idle cores
     _DATA["cpu_s"] = max(done.timings.get("worker_cpu_s") or [done.timings["run_cpu_s"]])
+    # what the run's checkpoints did: completed (incl. the final one), failed, and how many
+    # barriers waited for an older checkpoint still writing
+    _DATA["checkpoints"] = {
+        "completed": len(done.checkpoints),
+        "failed": len(done.failed_checkpoints),
+        "waited": done.timings.get("checkpoint_waits"),
+    }
     try:
         if workload == "fraud":
             return elapsed, digest_alerts(out.records), len(out.records)
@@ -522,7 +529,8 @@ def child(args: argparse.Namespace) -> None:
             workload, data, spec["cfg"], work, kill_at, spec.get("restore", False), spec["data"]
         )
     print(json.dumps({"seconds": elapsed, "digest": digest, "items": n,
-                      "cpu_s": _DATA.get("cpu_s")}))  # fmt: skip
+                      "cpu_s": _DATA.get("cpu_s"),
+                      "checkpoints": _DATA.get("checkpoints")}))  # fmt: skip
 
 
 # --- the driver ---
@@ -574,6 +582,7 @@ class Config:
         self.rates: list[float] = []
         self.seconds: list[float] = []
         self.cpu: list[float] = []
+        self.checkpoints: list[dict[str, Any]] = []
         self.items = 0
 
 
@@ -683,6 +692,8 @@ def measure(cfg: Config, data_file: Path, n: int, kill_at: int, python: Path, tm
         cfg.rates.append(n / out["seconds"])
         if out.get("cpu_s"):
             cfg.cpu.append(out["cpu_s"])
+        if out.get("checkpoints"):
+            cfg.checkpoints.append(out["checkpoints"])
     cfg.digest = out["digest"]  # type: ignore[attr-defined]
     cfg.items = out["items"]
     shutil.rmtree(work, ignore_errors=True)
@@ -828,6 +839,9 @@ def report(
             for c in todo
             if c.name.startswith("base:")
         },
+        # per run of each checkpointing configuration: checkpoints completed (the final one
+        # included), failed, and barriers that waited for an older one still writing
+        "checkpoints_per_run": {c.name: c.checkpoints for c in todo if c.checkpoints},
         "state_mismatches": mismatches,
         "targets": targets,
     }

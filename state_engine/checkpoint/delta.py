@@ -3,8 +3,10 @@
 Delta rows are canonical rows plus ``op`` (PUT=0, DELETE=1, CLEAR=2) and ``seq`` (the write
 sequence within the delta). A delete carries the identifying columns and an empty value. A clear
 carries ``(key_group, key, namespace, state)``, no user key and an empty value, and removes every
-row of that (state, key, namespace), whatever user keys it had: a heap delta writes a changed
-key as CLEAR followed by PUTs of its complete current rows, so it never needs the old rows.
+row of that (state, key, namespace), whatever user keys it had. A heap delta writes a map entry
+put or removed on its own as a PUT or DELETE of that entry, a value state's new value as one PUT
+(its one row has no user key), and any other changed (state, key, namespace) as CLEAR followed
+by PUTs of its complete current rows, so it never needs the old rows.
 A chain of deltas rests on a full canonical base; ``chain_index`` in ``_metadata`` orders the
 deltas (1 = first).
 

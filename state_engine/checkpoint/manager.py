@@ -166,6 +166,10 @@ class CheckpointManager:
     ``fork_writer``: heap snapshots on local storage are written by a child process forked at the
     barrier (see :mod:`state_engine.checkpoint.forked`), so the job keeps its core and copies no
     state on write; False writes them on the checkpoint thread from a copy-on-write view.
+
+    ``chain_in_flight``: for overlapping checkpoints, a heap delta continues the chain of the
+    checkpoint still in flight before it (holding only the changes since; it fails if that one
+    fails) instead of the last completed one's (holding every change not confirmed yet).
     """
 
     def __init__(
@@ -183,6 +187,7 @@ class CheckpointManager:
         row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
         verify_checksums: bool = False,
         fork_writer: bool = True,
+        chain_in_flight: bool = False,
     ) -> None:
         if format not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
@@ -207,6 +212,7 @@ class CheckpointManager:
         self.row_group_bytes = row_group_bytes
         self.verify_checksums = verify_checksums
         self.fork_writer = fork_writer
+        self.chain_in_flight = chain_in_flight
         self.registry = SharedStateRegistry()
         self.job_record = catalog.register_job(
             job, max_parallelism=max_parallelism, location=self.storage.url_of(self.job)
@@ -239,14 +245,16 @@ class CheckpointManager:
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
         strategies = self._strategies(subtasks, fmt)
-        self.notify_checkpoint_complete()
+        # the last completed checkpoint, read with the completions confirmed up to it: what
+        # the strategies build on (another may complete meanwhile on the checkpoint thread)
+        last = self._confirm_completed()
         incremental = (
             kind_ is SnapshotKind.CHECKPOINT
             and fmt is not SnapshotFormat.CANONICAL
             and self.incremental
             and not self._force_full
         )
-        parent = self._last_completed if incremental else None
+        parent = last if incremental else None
         commit = self._begin(kind_, fmt, parallelism, savepoint_dir, trigger, parent)
         record, snap = commit.record, commit.snapshot
         ctx = WriteContext(
@@ -258,6 +266,7 @@ class CheckpointManager:
             registry=self.registry,
             row_group_bytes=self.row_group_bytes,
             full_every=self.full_every,
+            chain_in_flight=self.chain_in_flight,
         )
         captures: list[Capture[Any]] = []
         try:
@@ -320,6 +329,8 @@ class CheckpointManager:
             return  # no fork (out of processes or memory): the checkpoint thread writes instead
         except BaseException as exc:
             self._release(job.captures)
+            for c in job.captures:
+                c.abandon()
             self._abandon(job.commit, exc)
             raise
         self._release(job.captures)
@@ -482,6 +493,8 @@ class CheckpointManager:
                 # snapshot is COMPLETED and restorable, so its files must stay.
                 raise
             job.committed = False
+            for c in job.captures:
+                c.abandon()
             if job.child is not None:
                 job.child.kill(ctx.created.append)  # files it reported are removed below
             self._abandon(job.commit, exc, created=ctx.created)
@@ -749,6 +762,15 @@ class CheckpointManager:
             self._to_confirm = [x for x in self._to_confirm if x not in ready]
         for _cid, on_complete in ready:
             on_complete()
+
+    def _confirm_completed(self) -> SnapshotRecord | None:
+        """:meth:`notify_checkpoint_complete` for every completed checkpoint; the last one."""
+        with self._lock:
+            ready, self._to_confirm = self._to_confirm, []
+            last = self._last_completed
+        for _cid, on_complete in ready:
+            on_complete()
+        return last
 
     # --- restore ---
 

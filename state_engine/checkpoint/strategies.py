@@ -57,6 +57,9 @@ class WriteContext:
     row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES
     #: incremental strategies start a new base after this many increments
     full_every: int = 8
+    #: an increment may continue the chain of a checkpoint still in flight (which it then
+    #: depends on) rather than the last completed one's; see ``backends/heap/snapshot.py``
+    chain_in_flight: bool = False
     #: files this snapshot created (relative paths), removed again if it fails or is cancelled
     created: list[str] = field(default_factory=list)
 
@@ -129,6 +132,9 @@ class Capture(ABC, Generic[W]):
 
     @abstractmethod
     def release(self) -> None: ...
+
+    def abandon(self) -> None:  # noqa: B027 - most captures need nothing
+        """Its snapshot failed or was cancelled (called on the checkpoint thread)."""
 
     def _writer(
         self,

@@ -3,8 +3,12 @@
 The runner drives every subtask from one thread and asks :meth:`CheckpointCoordinator.due` between
 records, so a barrier is aligned by construction: when it is triggered no subtask has processed a
 record after it, and the snapshot's synchronous phase is taken before any subtask moves on. At most
-one checkpoint is in flight (Flink's default): when the next one is due the runner waits for the
-previous one, which keeps the checkpoint positions a function of the record count only.
+``max_concurrent`` checkpoints are in flight (Flink's ``maxConcurrentCheckpoints``): when the next
+one is due and that many are still writing, the runner waits for the oldest, so the checkpoint
+positions stay a function of the record count only. Snapshots complete, and their participants are
+notified, in trigger order (the manager's checkpoint thread takes them one at a time); a sink's
+pre-committed output of barrier N is committed once checkpoint N completed, whatever is still in
+flight after it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class CheckpointStats:
     savepoints: list[Any] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     sync_ms: list[float] = field(default_factory=list)
+    #: barriers that waited for an older snapshot to finish (``max_concurrent`` were in flight)
+    waited: int = 0
 
 
 class CheckpointCoordinator:
@@ -67,6 +73,7 @@ class CheckpointCoordinator:
         *,
         interval_records: int | None = None,
         interval_seconds: float | None = None,
+        max_concurrent: int = 1,
         time_fn: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_records is not None and (
@@ -77,6 +84,11 @@ class CheckpointCoordinator:
             )
         if interval_seconds is not None and not interval_seconds > 0:
             raise InvalidJob(f"checkpoint interval_seconds must be > 0, got {interval_seconds!r}")
+        if type(max_concurrent) is not int or max_concurrent < 1:
+            raise InvalidJob(
+                f"max concurrent checkpoints must be an int >= 1, got {max_concurrent!r}"
+            )
+        self.max_concurrent = max_concurrent
         self.manager = manager
         self.participants = list(participants)
         self.interval_records = interval_records
@@ -122,8 +134,12 @@ class CheckpointCoordinator:
         savepoint_dir: str | None = None,
         trigger: str = "periodic",
     ) -> _InFlight:
-        """Cut a barrier now; returns the in-flight snapshot (see :meth:`wait`)."""
-        self.wait_all(notify=True)
+        """Cut a barrier now; returns the in-flight snapshot (see :meth:`wait`). Waits first
+        for the oldest snapshots in flight until fewer than ``max_concurrent`` are."""
+        self.poll()
+        while len(self._in_flight) >= self.max_concurrent:
+            self._finish(self._in_flight.pop(0), notify=True)
+            self.stats.waited += 1
         self._barrier += 1
         barrier = self._barrier
         states = [p.prepare_snapshot(barrier) for p in self.participants]

@@ -34,6 +34,9 @@ class Job:
     system clock; a :class:`~state_engine.runtime.clock.RecordTimestampClock` makes runs
     reproducible). ``fork_writer``: heap snapshots on local storage are written by a forked
     child process (see :mod:`state_engine.checkpoint.forked`); False keeps them on a thread.
+    ``max_concurrent_checkpoints``: checkpoints whose asynchronous phase may still run when the
+    next barrier is due (Flink's ``maxConcurrentCheckpoints``; thread execution, see
+    :mod:`state_engine.runtime.coordinator`); 1 makes every barrier wait for the previous one.
     ``execution``: ``"threads"`` runs every subtask in the caller's thread (deterministic; for
     tests and debugging), ``"processes"`` runs them in up to min(parallelism, cores) worker
     processes (see :mod:`state_engine.runtime.worker_pool`); None (default) takes
@@ -55,6 +58,7 @@ class Job:
     retained: int = 3
     incremental: bool = False
     fork_writer: bool = True
+    max_concurrent_checkpoints: int = 1
     clock: Clock | None = None
     source_uid: str = "source"
     operator_uid: str = "process"
@@ -90,6 +94,8 @@ class Job:
             )
         if type(self.retained) is not int or self.retained < 1:
             raise InvalidJob(f"job {self.name!r}: retained must be an int >= 1")
+        if type(self.max_concurrent_checkpoints) is not int or self.max_concurrent_checkpoints < 1:
+            raise InvalidJob(f"job {self.name!r}: max_concurrent_checkpoints must be an int >= 1")
         uids = (self.source_uid, self.operator_uid, self.sink_uid)
         if len(set(uids)) != 3 or not all(isinstance(u, str) and u for u in uids):
             raise InvalidJob(

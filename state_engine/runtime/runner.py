@@ -212,6 +212,7 @@ class JobRunner:
             retained=job.retained,
             incremental=job.incremental,
             fork_writer=job.fork_writer,
+            chain_in_flight=job.max_concurrent_checkpoints > 1,
         )
 
     def _restore_through(
@@ -273,6 +274,7 @@ class JobRunner:
                 self.subtasks,
                 interval_records=job.checkpoint_interval_records,
                 interval_seconds=job.checkpoint_interval_seconds,
+                max_concurrent=job.max_concurrent_checkpoints,
             )
         self._started = True
         self._timings["setup_s"] = time.perf_counter() - started
@@ -484,7 +486,11 @@ class JobRunner:
             checkpoints=list(stats.completed),
             savepoints=list(stats.savepoints),
             failed_checkpoints=list(stats.failed),
-            timings={**self._timings, "checkpoint_sync_ms": list(stats.sync_ms)},
+            timings={
+                **self._timings,
+                "checkpoint_sync_ms": list(stats.sync_ms),
+                "checkpoint_waits": stats.waited,
+            },
         )
 
     def state_entries(self) -> list[StateEntry]:

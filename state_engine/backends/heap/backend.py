@@ -19,6 +19,7 @@ import itertools
 import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import (
@@ -52,6 +53,7 @@ _POS = struct.Struct(">I")
 # Values whose identity implies their content: a cached row of one stays valid (no TTL).
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
 _NO_DEFAULT = object()
+_MISSING: Any = object()
 _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
 # An expiry below this bound cannot pass INT64_MAX when added to a wall-clock time in ms, so the
@@ -72,6 +74,9 @@ class _HeapState(State):
         self._frozen: set[int] = backend._frozen_of[meta.name]
         # Per slot, the composite keys written since the last view; None: not tracking.
         self._dirty: list[set[Any]] | None = backend._dirty_of.get(meta.name)
+        # Map states: per slot, the (composite key, user key) entries put or removed since the
+        # last view (a delta then writes just those entries, not the key's whole map).
+        self._dirty_uk: list[set[tuple[Any, Any]]] | None = backend._dirty_uk_of.get(meta.name)
         self._n = backend._kg_count
         self._void = True
         self._ns: Any = VOID_NAMESPACE
@@ -720,8 +725,13 @@ class HeapMapState(_HeapState, MapState):
             return e[0] if self._ret_exp else None
         if self._upd_read:
             self._writable(i)[ck][uk] = (e[0], expiry(now, self._ttl_ms))
-            self._mark(i, ck)
+            self._mark_entry(i, ck, uk)
         return e[0]
+
+    def _mark_entry(self, i: int, ck: Any, uk: Any) -> None:
+        d = self._dirty_uk
+        if d is not None:
+            d[i].add((ck, uk))
 
     def _remove(self, i: int, ck: Any, uk: Any) -> None:
         t = self._writable(i)
@@ -729,7 +739,7 @@ class HeapMapState(_HeapState, MapState):
         del m[uk]
         if not m:
             del t[ck]
-        self._mark(i, ck)
+        self._mark_entry(i, ck, uk)
 
     def get(self, key: Any) -> Any:
         b = self._b
@@ -781,8 +791,8 @@ class HeapMapState(_HeapState, MapState):
             t[ck] = {key: value}
         else:
             m[key] = value
-        if self._dirty is not None:
-            self._dirty[i].add(ck)
+        if self._dirty_uk is not None:
+            self._dirty_uk[i].add((ck, key))
         if self._inc:
             self._inc_step()
 
@@ -805,7 +815,8 @@ class HeapMapState(_HeapState, MapState):
             t[ck] = new
         else:
             m.update(new)
-        self._mark(i, ck)
+        if self._dirty_uk is not None:
+            self._dirty_uk[i].update((ck, k) for k in new)
         if self._inc:
             self._inc_step()
 
@@ -894,6 +905,11 @@ def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any]) -> list[Any]
     return [cache[b] for b in raw]
 
 
+#: One state's changes in one epoch: per slot the composite keys changed as a whole, and (map
+#: states; None for others) the (composite key, user key) entries put or removed.
+_Epoch = tuple[list[set[Any]], list[set[tuple[Any, Any]]] | None]
+
+
 _KINDS: dict[StateKind, type[_HeapState]] = {
     StateKind.VALUE: HeapValueState,
     StateKind.LIST: HeapListState,
@@ -929,7 +945,7 @@ class HeapStateView(KeyedStateView):
         tables: dict[str, list[dict[Any, Any]]],
         now: dict[str, int | None],
         view_id: int,
-        epochs: list[tuple[int, dict[str, list[set[Any]]]]] | None,
+        epochs: list[tuple[int, dict[str, _Epoch]]] | None,
     ) -> None:
         self._backend: HeapKeyedStateBackend | None = backend
         self._exporters = exporters
@@ -1042,7 +1058,8 @@ class HeapStateView(KeyedStateView):
             cache[ns_slot] = new
 
     def changed(self) -> Iterator[ChangedKey]:
-        """Every (state, key, namespace) changed since the last confirmed view, key-group order.
+        """Every (state, key, namespace) changed since the last confirmed view, key-group order,
+        with its complete rows (a map entry changed on its own counts as its whole key here).
 
         Within a key group the order is (state, key bytes, namespace bytes).
         """
@@ -1067,9 +1084,13 @@ class HeapStateView(KeyedStateView):
                 for slot in (kgi, n + kgi):
                     cks: set[Any] = set()
                     for _, ep in self._epochs:
-                        dl = ep.get(name)
-                        if dl is not None and dl[slot]:
-                            cks |= dl[slot]
+                        d = ep.get(name)
+                        if d is None:
+                            continue
+                        if d[0][slot]:
+                            cks |= d[0][slot]
+                        if d[1] is not None and d[1][slot]:
+                            cks.update(ck for ck, _ in d[1][slot])
                     for ck in cks:
                         if slot == kgi:
                             key, nsb = ck, b""
@@ -1093,6 +1114,129 @@ class HeapStateView(KeyedStateView):
                         out.append(ChangedKey(name, kg, kinfo[0], kinfo[1], nsb, rows))
             out.sort(key=lambda c: (c.state, c.key, c.namespace))
             yield from out
+
+    def delta_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
+        """:meth:`changes` as the columns of delta rows (``checkpoint.delta``'s schema without
+        ``seq``), about ``batch_rows`` rows a chunk, built in one pass with no object per
+        change: per whole change a CLEAR then its rows as PUTs (a value state's value: just its
+        PUT, which replaces the one row it has); per map entry changed on its own a PUT, or a
+        DELETE if it is gone. Key-group order; within a key group, per state, whole
+        changes then entries (in no particular order: each identity occurs once).
+        """
+        from state_engine.checkpoint.delta import CLEAR, DELETE, PUT
+
+        self._check_live()
+        if self._epochs is None:
+            raise StateError(
+                "delta_columns() needs an incremental view: take snapshot_view(incremental=True) "
+                "on a backend created with track_changes=True"
+            )
+        names = ("key_group", "key_hash", "key", "namespace", "state", "user_key", "value")
+        cols: dict[str, list[Any]] = {n: [] for n in (*names, "expires_at", "op")}
+        kg_c, kh_c, key_c, ns_c, st_c, uk_c, v_c = (cols[n] for n in names)
+        ea_c, op_c = cols["expires_at"], cols["op"]
+        start, n = self._range.start, len(self._range)
+        state_names = sorted({name for _, ep in self._epochs for name in ep})
+        kser = self._key_ser.serialize
+        for kgi in range(n):
+            kg = start + kgi
+            keys: dict[Any, tuple[int, bytes]] = {}
+            for name in state_names:
+                exp = self._exporters[name]
+                table_of = self._tables[name]
+                now = self._now[name]
+                nser = exp._ns_ser.serialize
+                sers = exp.meta.serializers
+                vser = sers["value"].serialize
+                user = sers["user_key"].serialize if "user_key" in sers else None
+                ttl = exp._ttl is not None
+                value_kind = exp.kind is StateKind.VALUE
+                for slot in (kgi, n + kgi):
+                    whole: set[Any] = set()
+                    entries: set[tuple[Any, Any]] = set()
+                    for _, ep in self._epochs:
+                        d = ep.get(name)
+                        if d is None:
+                            continue
+                        if d[0][slot]:
+                            whole |= d[0][slot]
+                        if d[1] is not None and d[1][slot]:
+                            entries |= d[1][slot]
+                    if not whole and not entries:
+                        continue
+                    table = table_of[slot]
+                    void = slot == kgi
+                    try:
+                        for ck in whole:
+                            key, nsb = (ck, b"") if void else (ck[0], nser(ck[1]))
+                            kinfo = keys.get(key)
+                            if kinfo is None:
+                                kinfo = keys[key] = (key_hash(key), kser(key))
+                            obj = table.get(ck)
+                            if value_kind and obj is not None:
+                                # one row, whose identity has no user key: a PUT replaces it
+                                # (no CLEAR needed), unless it expired (then CLEAR it below)
+                                if not ttl or now is None or obj[1] > now:
+                                    kg_c.append(kg)
+                                    kh_c.append(kinfo[0])
+                                    key_c.append(kinfo[1])
+                                    ns_c.append(nsb)
+                                    st_c.append(name)
+                                    uk_c.append(None)
+                                    v_c.append(vser(obj[0]) if ttl else vser(obj))
+                                    ea_c.append(obj[1] if ttl else None)
+                                    op_c.append(PUT)
+                                    continue
+                                obj = None
+                            rows = [] if obj is None else list(exp._rows(obj, now))
+                            m = len(rows) + 1
+                            kg_c += repeat(kg, m)
+                            kh_c += repeat(kinfo[0], m)
+                            key_c += repeat(kinfo[1], m)
+                            ns_c += repeat(nsb, m)
+                            st_c += repeat(name, m)
+                            uk_c.append(None)
+                            v_c.append(b"")
+                            ea_c.append(None)
+                            op_c.append(CLEAR)
+                            for uk, vb, ea in rows:
+                                uk_c.append(uk)
+                                v_c.append(vb)
+                                ea_c.append(ea)
+                            op_c += repeat(PUT, len(rows))
+                        for ck, uk in entries:
+                            if ck in whole:
+                                continue  # rewritten as a whole above
+                            assert user is not None  # only map states mark entries
+                            key, nsb = (ck, b"") if void else (ck[0], nser(ck[1]))
+                            kinfo = keys.get(key)
+                            if kinfo is None:
+                                kinfo = keys[key] = (key_hash(key), kser(key))
+                            obj = table.get(ck)
+                            e = _MISSING if obj is None else obj.get(uk, _MISSING)
+                            kg_c.append(kg)
+                            kh_c.append(kinfo[0])
+                            key_c.append(kinfo[1])
+                            ns_c.append(nsb)
+                            st_c.append(name)
+                            uk_c.append(user(uk))
+                            if e is not _MISSING and (not ttl or now is None or e[1] > now):
+                                v_c.append(vser(e[0]) if ttl else vser(e))
+                                ea_c.append(e[1] if ttl else None)
+                                op_c.append(PUT)
+                            else:
+                                v_c.append(b"")
+                                ea_c.append(None)
+                                op_c.append(DELETE)
+                    except SerializationError as e:
+                        raise SerializationError(f"state {name!r} (key group {kg}): {e}") from e
+            if len(op_c) >= batch_rows:
+                yield cols
+                cols = {k: [] for k in cols}
+                kg_c, kh_c, key_c, ns_c, st_c, uk_c, v_c = (cols[n] for n in names)
+                ea_c, op_c = cols["expires_at"], cols["op"]
+        if op_c:
+            yield cols
 
     def release(self) -> None:
         if self._backend is not None:
@@ -1143,24 +1287,27 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._live_views = 0
         self.track_changes = bool(track_changes)
         self._dirty_of: dict[str, list[set[Any]]] = {}
-        self._epochs: list[tuple[int, dict[str, list[set[Any]]]]] = []
+        self._dirty_uk_of: dict[str, list[set[tuple[Any, Any]]]] = {}
+        self._epochs: list[tuple[int, dict[str, _Epoch]]] = []
         self._last_view_id = 0
         self._confirmed_view_id = 0
         self._delta: DeltaSnapshotStrategy | None = None
 
-    def _new_slots(self, name: str) -> None:
+    def _new_slots(self, name: str, kind: StateKind) -> None:
         if name not in self._tables_of:
             self._tables_of[name] = [{} for _ in range(2 * self._kg_count)]
             self._frozen_of[name] = set()
             if self.track_changes:
                 self._dirty_of[name] = [set() for _ in range(2 * self._kg_count)]
+                if kind is StateKind.MAP:
+                    self._dirty_uk_of[name] = [set() for _ in range(2 * self._kg_count)]
 
     def _create_state(
         self, descriptor: StateDescriptor, meta: StateMetaInfo, migrate_from: StateMetaInfo | None
     ) -> State:
         # Objects are stored deserialized: a compatible serializer change needs no rewrite here.
-        self._new_slots(meta.name)
         kind = meta.kind
+        self._new_slots(meta.name, kind)
         st: _HeapState
         if kind is StateKind.VALUE:
             st = HeapValueState(self, meta, descriptor.default)  # type: ignore[attr-defined]  # the descriptor's class matches meta.kind, checked at registration
@@ -1174,7 +1321,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return st
 
     def _register_restored(self, meta: StateMetaInfo) -> None:
-        self._new_slots(meta.name)
+        self._new_slots(meta.name, meta.kind)
         self._exporters[meta.name] = _exporter(self, meta)
 
     def keys(self, state_name: str, namespace: Any) -> Iterator[Any]:
@@ -1198,7 +1345,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             )
         return slots
 
-    def snapshot_view(self, incremental: bool = False) -> HeapStateView:
+    def snapshot_view(self, incremental: bool = False, since: int = 0) -> HeapStateView:
         self._check_open()
         if incremental and not self.track_changes:
             raise StateError(
@@ -1221,20 +1368,24 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         epochs = None
         if self.track_changes:
             self._close_epoch(view_id)
-            if incremental:
-                epochs = list(self._epochs)
+            if incremental:  # the changes after view ``since`` not confirmed yet
+                epochs = [e for e in self._epochs if e[0] > since]
         self._live_views += 1
         return HeapStateView(self, dict(self._exporters), tables, now, view_id, epochs)
 
     def _close_epoch(self, view_id: int) -> None:
         """Freeze the changes made since the previous view under ``view_id``; start new sets."""
-        epoch: dict[str, list[set[Any]]] = {}
+        epoch: dict[str, _Epoch] = {}
         for name, dirty in self._dirty_of.items():
-            if any(dirty):
-                epoch[name] = list(dirty)
+            entries = self._dirty_uk_of.get(name)
+            if any(dirty) or (entries is not None and any(entries)):
+                epoch[name] = (list(dirty), None if entries is None else list(entries))
                 for i, s in enumerate(dirty):
                     if s:
                         dirty[i] = set()
+                for i, e in enumerate(entries or ()):
+                    if e:
+                        entries[i] = set()  # type: ignore[index]  # not None: enumerated
         self._epochs.append((view_id, epoch))
 
     def snapshot_strategy(self, format: SnapshotFormat) -> SnapshotStrategy | None:
@@ -1372,5 +1523,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def close(self) -> None:
         self._tables_of.clear()
         self._dirty_of.clear()
+        self._dirty_uk_of.clear()
         self._epochs.clear()
         super().close()

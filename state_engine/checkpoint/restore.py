@@ -322,13 +322,15 @@ def _restore_keyed(
         backend = factory.create(op.operator_id, index, key_ser, max_p, rng, clock)
     try:
         canonical_files: list[SnapshotFile] = []
-        delta = False
+        # A delta snapshot is folded whole: read_folded_table reads every subtask's base (a
+        # subtask that changed nothing since the base has no delta file, only its base) with
+        # every chain. Its subtasks' base files are not read again on their own: list states
+        # would come back doubled.
+        delta = any(FileKind.DELTA in kinds[s.index] for s in rest)
         for s in rest:
             if kinds[s.index] & _NATIVE:
                 insert_rows(source(s), rng, backend, key_ser)
-            elif FileKind.DELTA in kinds[s.index]:
-                delta = True
-            else:
+            elif not delta:
                 canonical_files.extend(
                     meta.file(p) for p in s.files if meta.file(p).kind is FileKind.KEYED
                 )

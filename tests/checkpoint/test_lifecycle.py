@@ -258,3 +258,34 @@ def test_restore_at_any_parallelism_keeps_every_row_once(
             got.extend(view.iter_entries())
     assert sorted(got) == rows
     close(restored.subtasks)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+def test_a_delta_chain_where_one_subtask_changed_nothing_restores_every_row_once(
+    catalog, storage, tmp_path: Path, parallelism: int
+):
+    # After the base only subtask 0's keys change: subtask 1 writes no delta file, its state is
+    # its base alone. Its base must be read once (a list state read twice comes back doubled).
+    job = make_job("heap", tmp_path / "a", 2, track_changes=True)
+    keys = KEYS[:300]
+    apply(job, keys)
+    first = [k for k in keys if owner(job, k) is job[0].keyed[OP]]
+    with manager(catalog, storage, "delta", incremental=True) as m:
+        m.trigger(job).result()
+        apply(job, first, round_=1)
+        record = m.trigger(job).result()
+        meta = read_metadata(storage.snapshot(record.location))
+        deltas = {
+            s.index
+            for op in meta.operators
+            for s in op.subtasks
+            if any(meta.file(p).kind is FileKind.DELTA for p in s.files)
+        }
+        assert deltas == {0}
+        expected = observe(job, keys)
+        restored = m.restore(
+            record.id, parallelism=parallelism, factory=factory("heap", tmp_path / "b")
+        )
+        assert observe(restored.subtasks, keys) == expected
+        close(restored.subtasks)
+    close(job)

@@ -433,7 +433,8 @@ class ProcessJobRunner(JobRunner):
 
     Same results as the single-thread runner: the same records reach each subtask in the same
     order and checkpoints fall on the same record counts. ``checkpoint_format="delta"`` is not
-    available here (its change tracking lives with the manager): use canonical or native.
+    available here (its change tracking lives with the manager): use canonical or native; nor
+    is ``max_concurrent_checkpoints`` above 1 (one checkpoint at a time).
     """
 
     def __init__(self, job: Any, **kwargs: Any) -> None:
@@ -442,6 +443,12 @@ class ProcessJobRunner(JobRunner):
             raise InvalidJob(
                 f"job {job.name!r}: checkpoint_format 'delta' runs with execution='threads' "
                 "only; use 'canonical' or 'native' with execution='processes'"
+            )
+        if job.max_concurrent_checkpoints != 1:
+            raise InvalidJob(
+                f"job {job.name!r}: max_concurrent_checkpoints={job.max_concurrent_checkpoints!r} "
+                "runs with execution='threads' only; worker processes take one checkpoint at a "
+                "time (leave it at 1)"
             )
         try:
             pickle.dumps(job)

@@ -192,6 +192,9 @@ def test_what_processes_refuse(tmp_path: Path, catalog: Any) -> None:
         JobRunner(
             delta.with_(checkpoint_format="delta"), catalog=catalog, storage=str(tmp_path / "c")
         )
+    overlapping = delta.with_(max_concurrent_checkpoints=2)
+    with pytest.raises(InvalidJob, match="max_concurrent_checkpoints=2 runs with execution='thr"):
+        JobRunner(overlapping, catalog=catalog, storage=str(tmp_path / "c"))
     memory = JobRunner(delta, catalog=catalog, storage="memory://ck")
     with pytest.raises(InvalidJob, match="every process reaches"):
         memory.run()

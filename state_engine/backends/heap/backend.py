@@ -1057,6 +1057,22 @@ class HeapStateView(KeyedStateView):
                 yield row
             cache[ns_slot] = new
 
+    def _changes_in(self, name: str, slot: int) -> tuple[set[Any], set[tuple[Any, Any]]]:
+        """The union over the view's epochs of state ``name``'s changes in ``slot``: the composite
+        keys changed as a whole, and the (composite key, user key) map entries changed alone."""
+        assert self._epochs is not None
+        whole: set[Any] = set()
+        entries: set[tuple[Any, Any]] = set()
+        for _, ep in self._epochs:
+            d = ep.get(name)
+            if d is None:
+                continue
+            if d[0][slot]:
+                whole |= d[0][slot]
+            if d[1] is not None and d[1][slot]:
+                entries |= d[1][slot]
+        return whole, entries
+
     def changed(self) -> Iterator[ChangedKey]:
         """Every (state, key, namespace) changed since the last confirmed view, key-group order,
         with its complete rows (a map entry changed on its own counts as its whole key here).
@@ -1082,16 +1098,8 @@ class HeapStateView(KeyedStateView):
                 now = self._now[name]
                 nser = exp._ns_ser.serialize
                 for slot in (kgi, n + kgi):
-                    cks: set[Any] = set()
-                    for _, ep in self._epochs:
-                        d = ep.get(name)
-                        if d is None:
-                            continue
-                        if d[0][slot]:
-                            cks |= d[0][slot]
-                        if d[1] is not None and d[1][slot]:
-                            cks.update(ck for ck, _ in d[1][slot])
-                    for ck in cks:
+                    whole, entries = self._changes_in(name, slot)
+                    for ck in whole | {ck for ck, _ in entries}:
                         if slot == kgi:
                             key, nsb = ck, b""
                         else:
@@ -1116,7 +1124,7 @@ class HeapStateView(KeyedStateView):
             yield from out
 
     def delta_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
-        """:meth:`changes` as the columns of delta rows (``checkpoint.delta``'s schema without
+        """:meth:`changed` as the columns of delta rows (``checkpoint.delta``'s schema without
         ``seq``), about ``batch_rows`` rows a chunk, built in one pass with no object per
         change: per whole change a CLEAR then its rows as PUTs (a value state's value: just its
         PUT, which replaces the one row it has); per map entry changed on its own a PUT, or a
@@ -1152,16 +1160,7 @@ class HeapStateView(KeyedStateView):
                 ttl = exp._ttl is not None
                 value_kind = exp.kind is StateKind.VALUE
                 for slot in (kgi, n + kgi):
-                    whole: set[Any] = set()
-                    entries: set[tuple[Any, Any]] = set()
-                    for _, ep in self._epochs:
-                        d = ep.get(name)
-                        if d is None:
-                            continue
-                        if d[0][slot]:
-                            whole |= d[0][slot]
-                        if d[1] is not None and d[1][slot]:
-                            entries |= d[1][slot]
+                    whole, entries = self._changes_in(name, slot)
                     if not whole and not entries:
                         continue
                     table = table_of[slot]

@@ -408,7 +408,7 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
                     data_file: str) -> tuple[float, str, int]:  # fmt: skip
     sys.path.insert(0, str(REPO))
     from state_engine.catalog import Catalog, upgrade
-    from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory
+    from state_engine.checkpoint import HeapBackendFactory, RestoreMode, RocksDBBackendFactory
     from state_engine.examples import fraud
     from state_engine.runtime import (
         CollectedOutput,
@@ -467,6 +467,9 @@ def run_statekeeper(workload: str, data: Any, cfg: dict[str, Any], work: Path,
         catalog=catalog,
         storage=str(work / "checkpoints"),
         restore_from="latest" if restore else None,
+        # the restarted job owns its checkpoints, as Bytewax's resume owns its recovery store
+        # and a Flink failover its checkpoints: it continues their chains (Flink's CLAIM)
+        restore_mode=RestoreMode.CLAIM,
     )
     if kill_at is not None:
         runner.run_until(kill_at, kill=True)

@@ -18,7 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from state_engine.errors import (
     IncompatibleSerializer,
@@ -37,6 +37,9 @@ from state_engine.state.namespace import NamespaceSerializer
 from state_engine.state.ttl import INT64_MIN, Clock, SystemClock, TtlTimeDomain
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from state_engine.checkpoint.metadata import SnapshotFile
     from state_engine.checkpoint.strategies import Capture, WriteContext
     from state_engine.snapshot_enums import SnapshotFormat
 
@@ -44,6 +47,7 @@ _time_ns = time.time_ns
 
 __all__ = [
     "ChangedKey",
+    "ClaimingStrategy",
     "KeyedStateBackend",
     "KeyedStateView",
     "SnapshotStrategy",
@@ -68,6 +72,21 @@ class SnapshotStrategy(Protocol):
 
     def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> Capture[Any]:
         """Fix the view of the strategy's backend (task thread, short)."""
+
+
+@runtime_checkable
+class ClaimingStrategy(SnapshotStrategy, Protocol):
+    """A :class:`SnapshotStrategy` whose next checkpoint can build on a restored one.
+
+    After a restore in CLAIM mode (the job owns the restored checkpoint, as after a failover in
+    Flink), a subtask whose key-group range did not change holds exactly the state one old subtask
+    wrote. An incremental strategy then continues from that subtask's files instead of writing
+    the whole state again at the first checkpoint.
+    """
+
+    def claim(self, files: Sequence[SnapshotFile]) -> bool:
+        """Continue from ``files`` (the old subtask's, as in ``_metadata``); False: they are not
+        this strategy's format, and the next checkpoint starts over."""
 
 
 class ChangedKey(NamedTuple):

@@ -19,12 +19,12 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from state_engine.backends.base import KeyedStateBackend, SnapshotStrategy
+from state_engine.backends.base import ClaimingStrategy, KeyedStateBackend, SnapshotStrategy
 from state_engine.catalog.records import KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
 from state_engine.checkpoint.canonical import (
@@ -793,7 +793,7 @@ class CheckpointManager:
         ``subtask_indexes``: restore only these subtasks of the new parallelism (default: all);
         ``RestoredState.subtasks`` then holds just those, in the given order.
         """
-        restored, files = restore_snapshot(
+        result = restore_snapshot(
             self,
             snapshot,
             parallelism=parallelism,
@@ -802,6 +802,7 @@ class CheckpointManager:
             clock=clock,
             subtask_indexes=subtask_indexes,
         )
+        restored = result.restored
         self.parallelism = parallelism
         with self._lock:
             self._to_confirm.clear()
@@ -810,7 +811,8 @@ class CheckpointManager:
                 if rec.kind is SnapshotKind.CHECKPOINT and rec.job_id == self.job_record.id:
                     self._owned[rec.id] = rec
                     self._last_completed = rec
-                    self.registry.register(files)
+                    self.registry.register(result.shared_files)
+                    self._claim_chains(restored, result.unchanged_subtask_files)
                 self._force_full = False
             else:
                 # NO_CLAIM: the restored snapshot stays the user's even if this manager wrote it
@@ -819,6 +821,26 @@ class CheckpointManager:
                 self._last_completed = None
                 self._force_full = True
         return restored
+
+    def _claim_chains(
+        self,
+        restored: RestoredState,
+        unchanged: Mapping[tuple[str, int], Sequence[SnapshotFile]],
+    ) -> None:
+        """Let each restored backend whose key-group range did not change continue from its
+        old subtask's files (a heap delta chain: the next delta holds only new changes)."""
+        fmt = self._format_for(SnapshotKind.CHECKPOINT, None)
+        for st in restored.subtasks:
+            for uid, backend in st.keyed.items():
+                files = unchanged.get((uid, st.subtask_index))
+                if files is None:
+                    continue
+                # a backend that cannot write the format fails at its first checkpoint, as
+                # it does without a claim
+                with contextlib.suppress(InvalidSnapshotRequest):
+                    strategy = backend.snapshot_strategy(fmt)
+                    if isinstance(strategy, ClaimingStrategy):
+                        strategy.claim(files)
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the checkpoint thread (after the snapshots in flight, with ``wait``)."""

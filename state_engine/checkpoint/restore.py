@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.base import KeyedStateBackend
@@ -174,6 +175,17 @@ def _state_metas(
     return keyed, operator
 
 
+@dataclass(frozen=True)
+class RestoreResult:
+    """What :func:`restore_snapshot` gives the checkpoint manager: the restored state, the
+    snapshot's shared files, and per (operator uid, new subtask index) whose key-group range is
+    exactly one old subtask's, that subtask's keyed files (which a CLAIM restore continues)."""
+
+    restored: RestoredState
+    shared_files: list[SnapshotFile]
+    unchanged_subtask_files: dict[tuple[str, int], list[SnapshotFile]]
+
+
 def restore_snapshot(
     manager: CheckpointManager,
     snapshot: int | str | SnapshotRecord,
@@ -183,7 +195,7 @@ def restore_snapshot(
     key_serializer: Any = None,
     clock: Any = None,
     subtask_indexes: Sequence[int] | None = None,
-) -> tuple[RestoredState, list[SnapshotFile]]:
+) -> RestoreResult:
     record, snap = resolve_snapshot(manager, snapshot)
     meta = read_metadata(snap)
     if record is None and meta.kind is not SnapshotKind.SAVEPOINT:
@@ -268,7 +280,28 @@ def restore_snapshot(
                     b.close()
         raise
     restored = RestoredState(record, record.checkpoint_id, subtasks, stats, snap.url)
-    return restored, [f for f in meta.files if f.shared]
+    return RestoreResult(
+        restored,
+        [f for f in meta.files if f.shared],
+        _unchanged_subtask_files(meta, parallelism, wanted),
+    )
+
+
+def _unchanged_subtask_files(
+    meta: SnapshotMetadata, parallelism: int, wanted: Sequence[int]
+) -> dict[tuple[str, int], list[SnapshotFile]]:
+    """The keyed files of each old subtask whose key-group range a new subtask has unchanged."""
+    out: dict[tuple[str, int], list[SnapshotFile]] = {}
+    for op in meta.operators:
+        if op.key_serializer is None:
+            continue
+        by_range = {s.key_group_range: s for s in op.subtasks}
+        for i in wanted:
+            rng = compute_key_group_range_for_operator_index(meta.max_parallelism, parallelism, i)
+            old = by_range.get((rng.start, rng.end))
+            if old is not None:
+                out[(op.operator_id, i)] = [meta.file(p) for p in old.files]
+    return out
 
 
 def register_savepoint(

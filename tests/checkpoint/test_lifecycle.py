@@ -161,6 +161,53 @@ def test_claim_owns_the_restored_snapshot(catalog, storage, tmp_path: Path):
     close(job)
 
 
+def test_claim_continues_a_heap_delta_chain_where_key_groups_stay(catalog, storage, tmp_path):
+    job = make_job("heap", tmp_path / "a", 2, track_changes=True)
+    apply(job, KEYS)
+    with manager(catalog, storage, "delta", incremental=True) as m:
+        m.trigger(job).result()
+        apply(job, KEYS[:40], round_=1)
+        last = m.trigger(job).result()  # a base and one delta per subtask
+    old = read_metadata(storage.snapshot(last.location))
+    with manager(catalog, storage, "delta", incremental=True, retained=2) as m2:
+        restored = m2.restore(
+            last.id,
+            parallelism=2,
+            factory=factory("heap", tmp_path / "b", track_changes=True),
+            mode=RestoreMode.CLAIM,
+        )
+        apply(restored.subtasks, KEYS[100:130], round_=2)
+        first = m2.trigger(restored.subtasks)
+        record = first.result()
+        meta = read_metadata(storage.snapshot(record.location))
+        new = [f for f in meta.files if f.path not in {g.path for g in old.files}]
+        # the restored base and delta are referenced again; the only new keyed files are
+        # second deltas holding the 30 keys changed since the restore
+        assert first.stats.files_reused == len([f for f in old.files if f.shared])
+        assert {f.kind for f in new} <= {FileKind.DELTA, FileKind.OPERATOR}
+        assert {f.chain_index for f in new if f.kind is FileKind.DELTA} == {2}
+        base_rows = sum(f.rows or 0 for f in old.files if f.kind is FileKind.KEYED)
+        assert sum(f.rows or 0 for f in new if f.kind is FileKind.DELTA) < base_rows / 20
+        expected = observe(restored.subtasks, KEYS)
+        for p in (2, 3):
+            again = m2.restore(record.id, parallelism=p, factory=factory("heap", tmp_path))
+            assert observe(again.subtasks, KEYS) == expected
+            close(again.subtasks)
+        close(restored.subtasks)
+        # at another parallelism no subtask keeps its key groups: the first checkpoint is full
+        rescaled = m2.restore(
+            record.id,
+            parallelism=3,
+            factory=factory("heap", tmp_path / "c", track_changes=True),
+            mode=RestoreMode.CLAIM,
+        )
+        full = m2.trigger(rescaled.subtasks)
+        full.result()
+        assert full.stats.files_reused == 0
+        close(rescaled.subtasks)
+    close(job)
+
+
 @pytest.mark.parametrize("kind,fmt", [("heap", "canonical"), ("rocksdb", "native")])
 def test_relocated_savepoint_restores(catalog, storage, tmp_path: Path, kind, fmt):
     job = make_job(kind, tmp_path / "a", 2)

@@ -1418,6 +1418,15 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             self._confirmed_view_id = view_id
             self._epochs = [e for e in self._epochs if e[0] > view_id]
 
+    def forget_changes(self) -> None:
+        """Drop every change recorded so far, as if a snapshot of the state had been confirmed
+        (a restore in CLAIM mode continues the restored snapshot's delta chain)."""
+        for dirty in (*self._dirty_of.values(), *self._dirty_uk_of.values()):
+            for i, changed in enumerate(dirty):
+                if changed:
+                    dirty[i] = set()
+        self._epochs.clear()
+
     @property
     def confirmed_view_id(self) -> int:
         """The newest confirmed view (0: none yet)."""

@@ -22,7 +22,7 @@ into the next delta.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from state_engine.checkpoint.canonical import DEFAULT_BATCH_ROWS, WrittenFiles, arrow_array
 from state_engine.checkpoint.delta import DELTA_SCHEMA, DeltaWriter
-from state_engine.checkpoint.metadata import SnapshotFile
+from state_engine.checkpoint.metadata import FileKind, SnapshotFile
 from state_engine.checkpoint.strategies import (
     SHARED_PREFIX,
     Capture,
@@ -241,6 +241,27 @@ class DeltaSnapshotStrategy:
             self._base_view = view.view_id
         self._pending = capture
         return capture
+
+    def claim(self, files: Sequence[SnapshotFile]) -> bool:
+        """Continue the chain of a restored checkpoint the job claimed: ``files`` are one old
+        subtask's base and deltas, and the backend was restored from exactly them, so the
+        changes the restore recorded are dropped and the next delta holds only what changes
+        from here. Files of another format (canonical, RocksDB) leave the strategy as it was."""
+        base = tuple(f for f in files if f.kind is FileKind.KEYED)
+        deltas = [f for f in files if f.kind is FileKind.DELTA]
+        if (
+            not base
+            or len(base) + len(deltas) != len(files)
+            or not all(f.shared for f in files)
+            or any(f.chain_index is None for f in deltas)
+        ):
+            return False
+        by_index: dict[int, list[SnapshotFile]] = {}
+        for f in deltas:
+            by_index.setdefault(f.chain_index or 0, []).append(f)
+        self.chain = Chain(base, tuple(tuple(by_index[i]) for i in sorted(by_index)))
+        self.backend.forget_changes()
+        return True
 
     def confirm(self, chain: Chain, view_id: int) -> None:
         """On the task thread: the checkpoint that wrote ``chain`` completed; it is the new base

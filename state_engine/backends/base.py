@@ -14,6 +14,7 @@ layout, its strategy and, for a native format, its restore.
 
 from __future__ import annotations
 
+import itertools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
@@ -115,6 +116,14 @@ class KeyedStateView(ABC):
     @abstractmethod
     def iter_entries(self, key_groups: KeyGroupRange | None = None) -> Iterator[StateEntry]:
         """Canonical rows in key-group order, only for ``key_groups`` (default: all owned)."""
+
+    def entry_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
+        """:meth:`iter_entries` column by column: chunks of about ``batch_rows`` rows, each a
+        dict of equal-length lists keyed by the :class:`StateEntry` field names. This default
+        transposes the rows; a backend may build the columns without a row object."""
+        rows = self.iter_entries()
+        while chunk := list(itertools.islice(rows, batch_rows)):
+            yield dict(zip(StateEntry._fields, map(list, zip(*chunk, strict=True)), strict=True))
 
     @property
     @abstractmethod

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -136,9 +138,11 @@ def _from_buffers(values: Sequence[Any], type_: pa.DataType) -> pa.Array | None:
     types = set(map(type, values))
     has_null = _NONE in types
     types.discard(_NONE)
+    if has_null and not types:
+        return pa.nulls(n, type_)  # e.g. expires_at of states without TTL
     validity = None
     if has_null:
-        mask = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+        mask = np.fromiter(map(operator.is_not, values, repeat(None)), dtype=np.bool_, count=n)
         validity = pa.py_buffer(np.packbits(mask, bitorder="little"))
     dtype = _INT_TYPES.get(type_)
     if dtype is not None:
@@ -382,6 +386,23 @@ class CanonicalWriter:
                 for col, fld in zip(columns, self.schema, strict=True)
             ]
             self.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+
+    def write_columns(self, columns: Mapping[str, Sequence[Any]]) -> None:
+        """Append rows given column by column: every schema field by name, equal lengths, in
+        key-group order (``KeyedStateView.entry_columns`` chunks)."""
+        missing = [f.name for f in self.schema if f.name not in columns]
+        if missing:
+            raise InvalidStateRows(
+                f"columns for snapshot {self._where} lack {', '.join(missing)} (the schema has "
+                f"{', '.join(self.schema.names)})"
+            )
+        lengths = {len(columns[f.name]) for f in self.schema}
+        if len(lengths) != 1:
+            raise InvalidStateRows(
+                f"columns for snapshot {self._where} differ in length: {sorted(lengths)}"
+            )
+        arrays = [_pa_array(columns[f.name], f, self._where) for f in self.schema]
+        self.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
     def write_batch(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Append rows already in Arrow form (schema as :attr:`schema`, key-group order)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from state_engine.checkpoint.canonical import (
+    DEFAULT_BATCH_ROWS,
     DEFAULT_ROW_GROUP_BYTES,
     CanonicalWriter,
     KeyGroupStats,
@@ -176,7 +177,9 @@ class CanonicalCapture(Capture[WrittenFiles]):
 
     def write_files(self, ctx: WriteContext, opened: Callable[[str], None]) -> WrittenFiles:
         with self._writer(ctx, self.directory, on_open=opened) as writer:
-            writer.write(ctx.guarded(self.view.iter_entries()))
+            for columns in self.view.entry_columns(DEFAULT_BATCH_ROWS):
+                writer.write_columns(columns)
+                ctx.check()
         return writer.finish()
 
     def result(self, ctx: WriteContext, written: WrittenFiles) -> SubtaskResult:

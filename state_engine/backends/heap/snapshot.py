@@ -130,7 +130,9 @@ class DeltaCapture(Capture[WrittenFiles]):
         shared = SHARED_PREFIX.rstrip("/")
         if self.index == 0:
             with self._writer(ctx, shared, on_open=opened) as writer:
-                writer.write(ctx.guarded(self.view.iter_entries()))
+                for columns in self.view.entry_columns(DEFAULT_BATCH_ROWS):
+                    writer.write_columns(columns)
+                    ctx.check()
             return writer.finish()
         with self._writer(ctx, shared, self.index, on_open=opened, writer=DeltaWriter) as delta:
             for batch in _delta_batches(self.view, ctx):

@@ -890,7 +890,6 @@ class HeapMapState(_HeapState, MapState):
 
 
 _IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
-_NO_KEY = object()  # no key is this one (a restored run's "no current key yet")
 
 
 def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any]) -> list[Any]:
@@ -1603,8 +1602,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         values: list[Any],
     ) -> None:
         """Restored rows of a state without TTL or namespaces, a key-group run at a time: a
-        value-like state's run is one dict update; a map's entries go into their key's dict
-        with no call per row."""
+        value-like state's run is one dict update; a map's rows go in one dict update per run
+        of rows of the same key (runs found by comparing neighbours in C)."""
         kg = np.asarray(key_groups)
         cuts = [0, *(np.flatnonzero(np.diff(kg)) + 1).tolist(), len(kg)]
         dirty = self._dirty_of.get(name)
@@ -1615,13 +1614,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             t = self._writable_slot(name, slot)
             run = keys[a:b]
             if is_map:
-                current: Any = _NO_KEY
-                entries: dict[Any, Any] = {}
-                for key, uk, v in zip(run, uks[a:b], values[a:b], strict=True):
-                    if key != current:
-                        current = key
-                        entries = t.get(key) or t.setdefault(key, {})
-                    entries[uk] = v
+                same = np.fromiter(map(operator.eq, run[1:], run[:-1]), np.bool_, len(run) - 1)
+                bounds = [0, *(np.flatnonzero(~same) + 1).tolist(), len(run)]
+                run_uks, run_values = uks[a:b], values[a:b]
+                for x, y in itertools.pairwise(bounds):
+                    entries = zip(run_uks[x:y], run_values[x:y], strict=True)
+                    m = t.get(run[x])
+                    if m is None:
+                        t[run[x]] = dict(entries)
+                    else:
+                        m.update(entries)
             else:
                 t.update(zip(run, values[a:b], strict=True))
             if dirty is not None:

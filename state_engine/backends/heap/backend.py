@@ -128,13 +128,15 @@ class _HeapState(State):
     # --- slots ---
 
     def set_current_namespace(self, namespace: Any) -> None:
-        if namespace is VOID_NAMESPACE:
-            self._void, self._off = True, 0
-        else:
+        void = namespace is VOID_NAMESPACE
+        if not void:
             self._ns_ser.serialize(namespace)  # fail now, not at the next snapshot
-            self._void, self._off = False, self._n
         self._ns = namespace
-        self._install_fast()
+        # the fast methods depend only on whether it is void: a window job that switches
+        # namespaces every record does not rebind them every time
+        if void is not self._void:
+            self._void, self._off = void, 0 if void else self._n
+            self._install_fast()
 
     def _slot(self) -> int:
         kgi = self._b._kgi

@@ -105,23 +105,31 @@ class _HeapState(State):
 
     #: Per kind: (method name, fast variant without TTL, fast variant with TTL).
     _FAST: tuple[tuple[str, str, str], ...] = ()
+    #: The fast variants that write, and their variants that also mark the change (a backend
+    #: tracking changes for delta snapshots); the others only read.
+    _TRACKED: Mapping[str, str] = {}
 
     def _install_fast(self) -> None:
         """Bind the hot methods to variants without the checks this state never needs.
 
-        Eligible: void namespace, no change tracking, and without TTL or with TTL read from the
-        per-record time, no refresh on read, no incremental cleanup. Each check the generic method
-        does per call costs about as much as the dict lookup it guards. The fast variants fall back
-        to the generic method for anything unusual (an expired value, no current key).
+        Eligible: void namespace, and without TTL or with TTL read from the per-record time, no
+        refresh on read, no incremental cleanup. Each check the generic method does per call
+        costs about as much as the dict lookup it guards. With change tracking the writing
+        methods get variants that mark what they wrote. The fast variants fall back to the
+        generic method for anything unusual (an expired value, no current key).
         """
         ttl = self._ttl
-        ok = self._void and self._dirty is None
+        ok = self._void
         if ttl is not None:
             ok = ok and self._sampled and not self._upd_read and not self._inc
             ok = ok and self._ttl_ms <= _NO_CLAMP_TTL
+        tracked = self._dirty is not None
         for name, plain, timed in self._FAST:
+            variant = plain if ttl is None else timed
+            if tracked:
+                variant = self._TRACKED.get(variant, variant)
             if ok:
-                setattr(self, name, getattr(self, plain if ttl is None else timed))
+                setattr(self, name, getattr(self, variant))
             else:
                 self.__dict__.pop(name, None)
 
@@ -225,6 +233,7 @@ class HeapValueState(_HeapState, ValueState):
     kind = StateKind.VALUE
 
     _FAST = (("value", "_value_plain", "_value_ttl"), ("update", "_update_plain", "_update_ttl"))
+    _TRACKED = {"_update_plain": "_update_plain_tracked", "_update_ttl": "_update_ttl_tracked"}
 
     def __init__(self, backend: HeapKeyedStateBackend, meta: StateMetaInfo, default: Any) -> None:
         super().__init__(backend, meta)
@@ -264,6 +273,24 @@ class HeapValueState(_HeapState, ValueState):
             HeapValueState.update(self, value)
             return
         self._tables[i][b._key] = (value, b._pt_now + self._ttl_ms)
+
+    def _update_plain_tracked(self, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if value is None or i is None or (self._frozen and i in self._frozen):
+            HeapValueState.update(self, value)
+            return
+        self._tables[i][b._key] = value
+        self._dirty[i].add(b._key)  # type: ignore[index]  # bound only when tracking
+
+    def _update_ttl_tracked(self, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if value is None or i is None or (self._frozen and i in self._frozen):
+            HeapValueState.update(self, value)
+            return
+        self._tables[i][b._key] = (value, b._pt_now + self._ttl_ms)
+        self._dirty[i].add(b._key)  # type: ignore[index]  # bound only when tracking
 
     def value(self) -> Any:
         b = self._b
@@ -433,6 +460,7 @@ class HeapListState(_HeapState, ListState):
 
     kind = StateKind.LIST
     _FAST = (("get", "_get_plain", "_get_ttl"), ("add", "_add_plain", "_add_ttl"))
+    _TRACKED = {"_add_plain": "_add_tracked", "_add_ttl": "_add_tracked"}
 
     def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
         return {k: list(v) for k, v in t.items()}
@@ -483,6 +511,18 @@ class HeapListState(_HeapState, ListState):
             t[b._key] = [(value, b._pt_now + self._ttl_ms)]
         else:
             e.append((value, b._pt_now + self._ttl_ms))
+
+    def _add_tracked(self, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if value is None or i is None or (self._frozen and i in self._frozen):
+            HeapListState.add(self, value)
+            return
+        if self._ttl is None:
+            self._add_plain(value)
+        else:
+            self._add_ttl(value)
+        self._dirty[i].add(b._key)  # type: ignore[index]  # bound only when tracking
 
     def get(self) -> list[Any]:
         b = self._b
@@ -635,6 +675,7 @@ class HeapMapState(_HeapState, MapState):
         ("put", "_put_plain", "_put_ttl"),
         ("items", "_items_plain", "_items_ttl"),
     )
+    _TRACKED = {"_put_plain": "_put_plain_tracked", "_put_ttl": "_put_ttl_tracked"}
 
     def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
         return {k: dict(v) for k, v in t.items()}
@@ -687,6 +728,34 @@ class HeapMapState(_HeapState, MapState):
             t[b._key] = {key: (value, b._pt_now + self._ttl_ms)}
         else:
             m[key] = (value, b._pt_now + self._ttl_ms)
+
+    def _put_plain_tracked(self, key: Any, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if i is None or (self._frozen and i in self._frozen):
+            HeapMapState.put(self, key, value)
+            return
+        t = self._tables[i]
+        m = t.get(b._key)
+        if m is None:
+            t[b._key] = {key: value}
+        else:
+            m[key] = value
+        self._dirty_uk[i].add((b._key, key))  # type: ignore[index]  # bound only when tracking
+
+    def _put_ttl_tracked(self, key: Any, value: Any) -> None:
+        b = self._b
+        i = b._kgi
+        if i is None or (self._frozen and i in self._frozen):
+            HeapMapState.put(self, key, value)
+            return
+        t = self._tables[i]
+        m = t.get(b._key)
+        if m is None:
+            t[b._key] = {key: (value, b._pt_now + self._ttl_ms)}
+        else:
+            m[key] = (value, b._pt_now + self._ttl_ms)
+        self._dirty_uk[i].add((b._key, key))  # type: ignore[index]  # bound only when tracking
 
     def _items_plain(self) -> list[tuple[Any, Any]]:
         b = self._b

@@ -674,6 +674,7 @@ class HeapMapState(_HeapState, MapState):
         ("get", "_get_plain", "_get_ttl"),
         ("put", "_put_plain", "_put_ttl"),
         ("items", "_items_plain", "_items_ttl"),
+        ("contains", "_contains_plain", "_contains_ttl"),
     )
     _TRACKED = {"_put_plain": "_put_plain_tracked", "_put_ttl": "_put_ttl_tracked"}
 
@@ -728,6 +729,17 @@ class HeapMapState(_HeapState, MapState):
             t[b._key] = {key: (value, b._pt_now + self._ttl_ms)}
         else:
             m[key] = (value, b._pt_now + self._ttl_ms)
+
+    def _contains_plain(self, key: Any) -> bool:
+        b = self._b
+        try:
+            m = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+        except TypeError:
+            raise b.no_current_key(f"state {self.name!r}") from None
+        return m is not None and key in m
+
+    def _contains_ttl(self, key: Any) -> bool:
+        return self._get_ttl(key) is not None
 
     def _put_plain_tracked(self, key: Any, value: Any) -> None:
         b = self._b

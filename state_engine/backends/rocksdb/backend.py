@@ -95,6 +95,20 @@ def _options() -> rd.Options:
     return o
 
 
+def _cf_options() -> rd.Options:
+    """A state column family's options: a whole-key bloom filter (10 bits a key) in each SST.
+
+    Every native checkpoint flushes the memtable into a new L0 file, so a point read that misses
+    the overlay probed each of them (and a level below) block by block: 4 us a read on the
+    counts bench. The filter skips the files without the key; prefix scans do not use it.
+    """
+    o = rd.Options(raw_mode=True)
+    table = rd.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    o.set_block_based_table_factory(table)
+    return o
+
+
 def _write_options() -> rd.WriteOptions:
     w = rd.WriteOptions()
     # rocksdict's stub declares disable_wal a method; at runtime it is a writable property
@@ -653,7 +667,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._db = rd.Rdict(
             str(self.db_path),
             _options(),
-            column_families={n: rd.Options(raw_mode=True) for n in existing},
+            column_families={n: _cf_options() for n in existing},
         )
         self._db.set_write_options(self._wo)
         self._cfs: dict[str, Any] = {}
@@ -682,7 +696,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             try:
                 cf = self._db.get_column_family(cf_name)
             except Exception:
-                cf = self._db.create_column_family(cf_name, rd.Options(raw_mode=True))
+                cf = self._db.create_column_family(cf_name, _cf_options())
             cf.set_write_options(self._wo)
             self._cfs[name] = cf
             self._handles[name] = self._db.get_column_family_handle(cf_name)

@@ -21,6 +21,8 @@ from state_engine.errors import StateError
 
 #: rows an overlay holds before it is written out on its own. A checkpoint every 10k records
 #: flushes far earlier; the limit bounds memory (and a flush's pause) when checkpoints are rare.
+#: On the counts bench without checkpoints (10k keys), 8k rows ran 16% slower than 32k, and
+#: 100k rows no faster than 32k.
 OVERLAY_LIMIT = 32_768
 
 #: unflushed rows of one column family: row key -> value bytes, or None for a deleted row

@@ -175,7 +175,7 @@ class _RocksState(State):
         closed = ClosedOverlay(self.name)
 
         def refuse(*_: Any) -> Any:
-            raise closed._refuse()
+            raise closed.refusal()
 
         self._cf = None
         self._dbget = refuse

@@ -37,23 +37,23 @@ class ClosedOverlay(Overlay):
         super().__init__()
         self._state = state
 
-    def _refuse(self) -> StateError:
+    def refusal(self) -> StateError:
         return StateError(
             f"state {self._state!r} belongs to a closed RocksDB backend: open the backend again "
             "and get the state from it"
         )
 
     def __contains__(self, key: object) -> bool:
-        raise self._refuse()
+        raise self.refusal()
 
     def __getitem__(self, key: bytes) -> bytes | None:
-        raise self._refuse()
+        raise self.refusal()
 
     def __setitem__(self, key: bytes, value: bytes | None) -> None:
-        raise self._refuse()
+        raise self.refusal()
 
     def __len__(self) -> int:
-        raise self._refuse()
+        raise self.refusal()
 
 
 def write_overlays(db: Any, overlays: Iterable[tuple[Any, Overlay]], options: Any) -> None:

@@ -485,6 +485,10 @@ _json_encoder = json.JSONEncoder(
 _json_decoder = json.JSONDecoder()
 
 
+_SEQUENCES = frozenset({list, tuple})
+_INTS = frozenset({int})
+
+
 @register_serializer
 class JsonSerializer(TypeSerializer):
     """JSON values as compact, key-sorted UTF-8 JSON.
@@ -497,6 +501,10 @@ class JsonSerializer(TypeSerializer):
     version = 1
 
     def serialize(self, value: Any) -> bytes:
+        # A list of ints (a count and a sum, say) is written directly: the same bytes as the
+        # encoder's, in half the time (it is serialized on every write to a RocksDB state).
+        if type(value) in _SEQUENCES and set(map(type, value)) <= _INTS:
+            return ("[" + ",".join(map(str, value)) + "]").encode()
         try:
             return _json_encoder.encode(value).encode()
         except TypeError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 import struct
@@ -694,3 +695,13 @@ def test_malformed_snapshot_json_and_configs_are_refused() -> None:
         PickleSerializer(protocol=99)
     with pytest.raises(SerializationError, match="at least one field"):
         TupleSerializer()
+
+
+@given(st.lists(st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.booleans())))
+def test_json_lists_of_ints_are_the_encoders_bytes(value: list[Any]) -> None:
+    """Lists (and tuples) of ints take a direct path: its bytes are the JSON encoder's."""
+    ser = JsonSerializer()
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    assert ser.serialize(value) == expected
+    assert ser.serialize(tuple(value)) == expected
+    assert ser.deserialize(ser.serialize(value)) == value

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Self, cast
 
@@ -571,21 +572,31 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     )
                 )
             now = self.now()
-            created = s.scalar(select(Snapshot.created_at).where(Snapshot.id == snapshot_id))
+            # the row, locked (PostgreSQL) as the transition's own read would lock it: its
+            # creation time for the duration, and the record returned (no read-back after)
+            row, job = self._locked_snapshot_and_job(s, snapshot_id)
+            created = row.created_at
             duration = None if created is None else int((now - created).total_seconds() * 1000)
+            values = {
+                "completed_at": now,
+                "duration_ms": max(duration or 0, 0),
+                "bytes": check_int(int(bytes or 0), "bytes", 0),
+                "entries": check_int(int(entries or 0), "entries", 0),
+            }
             self._transition(
                 s,
                 snapshot_id,
                 (SnapshotStatus.PENDING,),
                 SnapshotStatus.COMPLETED,
                 expected_version,
-                completed_at=now,
-                duration_ms=max(duration or 0, 0),
-                bytes=check_int(int(bytes or 0), "bytes", 0),
-                entries=check_int(int(entries or 0), "entries", 0),
+                current=(row.status, row.version),
+                **values,
             )
             self._record_sizes(s, snapshot_id)
-            return self._snapshot_record(s, snapshot_id)
+            done = _snapshot(row, job)
+            return replace(
+                done, status=SnapshotStatus.COMPLETED, version=row.version + 1, **values
+            )
 
     def fail_snapshot(
         self, snapshot_id: int, *, error: str | None = None, expected_version: int | None = None
@@ -607,8 +618,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
     ) -> SnapshotRecord:
         """COMPLETED checkpoint -> SUBSUMED (a newer one replaces it); savepoints are refused."""
         with self._write() as s:
-            snap = self._snapshot_record(s, snapshot_id)
-            if snap.kind is SnapshotKind.SAVEPOINT:
+            row, job = self._locked_snapshot_and_job(s, snapshot_id)
+            if row.kind == SnapshotKind.SAVEPOINT:
                 raise InvalidSnapshotTransition(
                     f"snapshot {snapshot_id} is a savepoint, owned by the user and never subsumed; "
                     "discard it explicitly if it is no longer needed"
@@ -619,8 +630,12 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 (SnapshotStatus.COMPLETED,),
                 SnapshotStatus.SUBSUMED,
                 expected_version,
+                current=(row.status, row.version),
             )
-            return self._snapshot_record(s, snapshot_id)
+            # the record as the transition left it (no read-back)
+            return replace(
+                _snapshot(row, job), status=SnapshotStatus.SUBSUMED, version=row.version + 1
+            )
 
     def discard_snapshot(
         self,
@@ -885,6 +900,20 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             found.update(returned.all())
         return found
 
+    def _locked_snapshot_and_job(self, s: Session, snapshot_id: int) -> tuple[Snapshot, str]:
+        """The snapshot's row, read afresh and locked (FOR UPDATE on PostgreSQL), and its job's
+        name."""
+        found = s.execute(
+            select(Snapshot, Job.name)
+            .join(Job, Job.id == Snapshot.job_id)
+            .where(Snapshot.id == snapshot_id)
+            .with_for_update(of=Snapshot)
+            .execution_options(populate_existing=True)
+        ).one_or_none()
+        if found is None:
+            raise _no_snapshot(snapshot_id)
+        return found[0], found[1]
+
     def _transition(
         self,
         s: Session,
@@ -892,14 +921,18 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         allowed: tuple[str, ...],
         target: str,
         expected_version: int | None,
+        current: tuple[str, int] | None = None,
         **values: Any,
     ) -> None:
-        # FOR UPDATE (PostgreSQL): a concurrent writer waits here, then sees the winner's row.
-        current = s.execute(
-            select(Snapshot.status, Snapshot.version)
-            .where(Snapshot.id == snapshot_id)
-            .with_for_update()
-        ).one_or_none()
+        """Move the snapshot from one of ``allowed`` to ``target`` by compare-and-swap;
+        ``current``: its (status, version) as the caller just read and locked it."""
+        if current is None:
+            # FOR UPDATE (PostgreSQL): a concurrent writer waits here, then sees the winner's row.
+            current = s.execute(
+                select(Snapshot.status, Snapshot.version)
+                .where(Snapshot.id == snapshot_id)
+                .with_for_update()
+            ).one_or_none()
         if current is None:
             raise _no_snapshot(snapshot_id)
         status, version = current

@@ -1123,6 +1123,66 @@ class HeapStateView(KeyedStateView):
             out.sort(key=lambda c: (c.state, c.key, c.namespace))
             yield from out
 
+    def entry_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
+        """:meth:`iter_entries` of the whole view as the columns of canonical rows (the
+        ``checkpoint.canonical`` schema's names), about ``batch_rows`` rows a chunk, in the same
+        order, built in one pass with no object per row: a heap delta chain's new base, which
+        rewrites the whole state, is written from these as Arrow batches."""
+        self._check_live()
+        names = ("key_group", "key_hash", "key", "namespace", "state", "user_key", "value")
+        cols: dict[str, list[Any]] = {n: [] for n in (*names, "expires_at")}
+        kg_c, kh_c, key_c, ns_c, st_c, uk_c, v_c = (cols[n] for n in names)
+        ea_c = cols["expires_at"]
+        start, n = self._range.start, len(self._range)
+        kser = self._key_ser.serialize
+        for kgi in range(n):
+            kg = start + kgi
+            keys: dict[Any, tuple[int, bytes]] = {}
+            for name in sorted(self._exporters):
+                exp = self._exporters[name]
+                slots = self._tables[name]
+                now = self._now[name]
+                nser = exp._ns_ser.serialize
+                vser = exp.meta.serializers["value"].serialize
+                ttl = exp._ttl is not None
+                value_kind = exp.kind is StateKind.VALUE
+                for slot in (kgi, n + kgi):
+                    void = slot == kgi
+                    try:
+                        for ck, obj in slots[slot].items():
+                            if value_kind and ttl and now is not None and obj[1] <= now:
+                                continue  # expired: iter_entries leaves it out too
+                            key, nsb = (ck, b"") if void else (ck[0], nser(ck[1]))
+                            kinfo = keys.get(key)
+                            if kinfo is None:
+                                kinfo = keys[key] = (key_hash(key), kser(key))
+                            if value_kind:  # one row, no user key
+                                m = 1
+                                uk_c.append(None)
+                                v_c.append(vser(obj[0]) if ttl else vser(obj))
+                                ea_c.append(obj[1] if ttl else None)
+                            else:
+                                rows = list(exp._rows(obj, now))
+                                m = len(rows)
+                                for uk, vb, ea in rows:
+                                    uk_c.append(uk)
+                                    v_c.append(vb)
+                                    ea_c.append(ea)
+                            kg_c += repeat(kg, m)
+                            kh_c += repeat(kinfo[0], m)
+                            key_c += repeat(kinfo[1], m)
+                            ns_c += repeat(nsb, m)
+                            st_c += repeat(name, m)
+                    except SerializationError as e:
+                        raise SerializationError(f"state {name!r} (key group {kg}): {e}") from e
+            if len(kg_c) >= batch_rows:
+                yield cols
+                cols = {k: [] for k in cols}
+                kg_c, kh_c, key_c, ns_c, st_c, uk_c, v_c = (cols[n] for n in names)
+                ea_c = cols["expires_at"]
+        if kg_c:
+            yield cols
+
     def delta_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
         """:meth:`changed` as the columns of delta rows (``checkpoint.delta``'s schema without
         ``seq``), about ``batch_rows`` rows a chunk, built in one pass with no object per

@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from state_engine.checkpoint.canonical import DEFAULT_BATCH_ROWS, WrittenFiles, arrow_array
+from state_engine.checkpoint.canonical import (
+    DEFAULT_BATCH_ROWS,
+    KEYED_SCHEMA,
+    WrittenFiles,
+    arrow_array,
+)
 from state_engine.checkpoint.delta import DELTA_SCHEMA, DeltaWriter
 from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.checkpoint.strategies import (
@@ -130,7 +135,8 @@ class DeltaCapture(Capture[WrittenFiles]):
         shared = SHARED_PREFIX.rstrip("/")
         if self.index == 0:
             with self._writer(ctx, shared, on_open=opened) as writer:
-                writer.write(ctx.guarded(self.view.iter_entries()))
+                for batch in _base_batches(self.view, ctx):
+                    writer.write_batch(batch)
             return writer.finish()
         with self._writer(ctx, shared, self.index, on_open=opened, writer=DeltaWriter) as delta:
             for batch in _delta_batches(self.view, ctx):
@@ -165,6 +171,17 @@ class DeltaCapture(Capture[WrittenFiles]):
 
     def release(self) -> None:
         self.view.release()
+
+
+def _base_batches(view: HeapStateView, ctx: WriteContext) -> Iterator[pa.RecordBatch]:
+    """The view's entries as canonical record batches (see ``HeapStateView.entry_columns``)."""
+    for cols in view.entry_columns(DEFAULT_BATCH_ROWS):
+        arrays = [
+            arrow_array(np.asarray(cols["key_group"], dtype=np.int32)),
+            *(arrow_array(cols[f.name], f.type) for f in KEYED_SCHEMA if f.name != "key_group"),
+        ]
+        yield pa.RecordBatch.from_arrays(arrays, schema=KEYED_SCHEMA)
+        ctx.check()
 
 
 def _delta_batches(view: HeapStateView, ctx: WriteContext) -> Iterator[pa.RecordBatch]:

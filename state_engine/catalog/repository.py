@@ -594,9 +594,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             )
             self._record_sizes(s, snapshot_id)
             done = _snapshot(row, job)
-            return replace(
-                done, status=SnapshotStatus.COMPLETED, version=row.version + 1, **values
-            )
+            return replace(done, status=SnapshotStatus.COMPLETED, version=row.version + 1, **values)
 
     def fail_snapshot(
         self, snapshot_id: int, *, error: str | None = None, expected_version: int | None = None

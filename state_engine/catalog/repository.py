@@ -297,11 +297,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         f"parent snapshot {parent_id} is not a snapshot of job {job_row.name!r}; "
                         f"list them with `statectl snapshots {job_row.name}`"
                     )
-            last = s.scalar(
-                select(func.max(Snapshot.checkpoint_id)).where(Snapshot.job_id == job_row.id)
-            )
+            last_id = select(func.max(Snapshot.checkpoint_id)).where(Snapshot.job_id == job_row.id)
             if checkpoint_id is None:
-                checkpoint_id = (last or 0) + 1
+                checkpoint_id = (s.scalar(last_id) or 0) + 1
             check_int(checkpoint_id, "checkpoint_id", 0)
             row = Snapshot(
                 job_id=job_row.id,
@@ -323,9 +321,11 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 with s.begin_nested():
                     s.add(row)
             except IntegrityError as exc:
+                # read only now: a caller that names its id (the committer) needs no max
                 raise CommitConflict(
                     f"job {job_row.name!r} already has a snapshot with checkpoint id "
-                    f"{checkpoint_id}; use a new id (the next free one is {(last or 0) + 1})"
+                    f"{checkpoint_id}; use a new id (the next free one is "
+                    f"{(s.scalar(last_id) or 0) + 1})"
                 ) from exc
             return _snapshot(row, job_row.name)
 

@@ -577,7 +577,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             row, job = self._locked_snapshot_and_job(s, snapshot_id)
             created = row.created_at
             duration = None if created is None else int((now - created).total_seconds() * 1000)
-            values = {
+            values: dict[str, Any] = {
                 "completed_at": now,
                 "duration_ms": max(duration or 0, 0),
                 "bytes": check_int(int(bytes or 0), "bytes", 0),
@@ -646,7 +646,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
 
         ``error`` records why when it was not discarded on purpose (its directory vanished).
         """
-        extra = {} if error is None else {"error": error}
+        extra: dict[str, Any] = {} if error is None else {"error": error}
         with self._write() as s:
             self._transition(
                 s,

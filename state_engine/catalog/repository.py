@@ -14,7 +14,18 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Self, cast
 
-from sqlalchemy import Insert, Select, bindparam, case, delete, func, insert, select, update
+from sqlalchemy import (
+    Insert,
+    Select,
+    Table,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -978,7 +989,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             )
 
     def _record_sizes(self, s: Session, snapshot_id: int) -> None:
-        # Core on the session's connection: the ORM would take a parameter dict for a bulk insert
+        # Core on the session's connection (to the ORM a parameter dict means a bulk insert)
         s.connection().execute(_RECORD_SIZES, {"snapshot_id": snapshot_id})
 
 
@@ -1005,7 +1016,7 @@ def _record_sizes_stmt() -> Insert:
         .join(File, File.id == pairs.c.file_id)
         .group_by(pairs.c.operator_id)
     )
-    return insert(SnapshotSize).from_select(
+    return insert(cast("Table", SnapshotSize.__table__)).from_select(
         ["snapshot_id", "operator_id", "files", "bytes", "shared_bytes"], totals
     )
 

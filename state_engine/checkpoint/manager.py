@@ -678,26 +678,27 @@ class CheckpointManager:
             for r in results:
                 if r.on_complete is not None:
                     self._to_confirm.append((record.checkpoint_id, r.on_complete))
-        # One catalog transaction subsumes and forgets what that released, rather than one
-        # per step; the storage deletes come after it commits.
-        with self.catalog.batch():
-            self._subsume()
-            claim = self._forget_releasable()
-        if claim is not None:
-            self._delete_released(*claim)
-
-    def _subsume(self) -> None:
-        with self._lock:
             owned = sorted(self._owned.values(), key=lambda r: r.checkpoint_id, reverse=True)
             drop = owned[self.retained :]
             for r in drop:
                 self._owned.pop(r.id, None)
-        if not drop:
-            return
-        with self.catalog.batch():
-            for r in drop:
-                with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-                    self.catalog.subsume_snapshot(r.id)
+        self._retire(drop)
+
+    def _retire(self, drop: list[SnapshotRecord]) -> None:
+        """Subsume ``drop`` and forget the files that releases in one catalog transaction
+        (rather than one per step), then delete those files from storage."""
+        try:
+            with self.catalog.batch():
+                for r in drop:
+                    with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
+                        self.catalog.subsume_snapshot(r.id)
+                claim = self._forget_releasable()
+        except BaseException:
+            with self._lock:  # rolled back: they are subsumed after the next completion
+                self._owned.update((r.id, r) for r in drop)
+            raise
+        if claim is not None:
+            self._delete_released(*claim)
 
     def collect_garbage(self) -> list[str]:
         """Delete the job's files the catalog calls releasable (no retained snapshot uses them)

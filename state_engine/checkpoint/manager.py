@@ -680,8 +680,8 @@ class CheckpointManager:
                     self._to_confirm.append((record.checkpoint_id, r.on_complete))
             owned = sorted(self._owned.values(), key=lambda r: r.checkpoint_id, reverse=True)
             drop = owned[self.retained :]
-            for r in drop:
-                self._owned.pop(r.id, None)
+            for old in drop:
+                self._owned.pop(old.id, None)
         self._retire(drop)
 
     def _retire(self, drop: list[SnapshotRecord]) -> None:

@@ -10,10 +10,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Self, cast
 
-from sqlalchemy import Select, case, delete, func, insert, literal, select, update
+from sqlalchemy import (
+    Insert,
+    Select,
+    Table,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -296,11 +308,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         f"parent snapshot {parent_id} is not a snapshot of job {job_row.name!r}; "
                         f"list them with `statectl snapshots {job_row.name}`"
                     )
-            last = s.scalar(
-                select(func.max(Snapshot.checkpoint_id)).where(Snapshot.job_id == job_row.id)
-            )
+            last_id = select(func.max(Snapshot.checkpoint_id)).where(Snapshot.job_id == job_row.id)
             if checkpoint_id is None:
-                checkpoint_id = (last or 0) + 1
+                checkpoint_id = (s.scalar(last_id) or 0) + 1
             check_int(checkpoint_id, "checkpoint_id", 0)
             row = Snapshot(
                 job_id=job_row.id,
@@ -322,9 +332,11 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 with s.begin_nested():
                     s.add(row)
             except IntegrityError as exc:
+                # read only now: a caller that names its id (the committer) needs no max
                 raise CommitConflict(
                     f"job {job_row.name!r} already has a snapshot with checkpoint id "
-                    f"{checkpoint_id}; use a new id (the next free one is {(last or 0) + 1})"
+                    f"{checkpoint_id}; use a new id (the next free one is "
+                    f"{(s.scalar(last_id) or 0) + 1})"
                 ) from exc
             return _snapshot(row, job_row.name)
 
@@ -571,21 +583,29 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     )
                 )
             now = self.now()
-            created = s.scalar(select(Snapshot.created_at).where(Snapshot.id == snapshot_id))
+            # the row, locked (PostgreSQL) as the transition's own read would lock it: its
+            # creation time for the duration, and the record returned (no read-back after)
+            row, job = self._locked_snapshot_and_job(s, snapshot_id)
+            created = row.created_at
             duration = None if created is None else int((now - created).total_seconds() * 1000)
+            values: dict[str, Any] = {
+                "completed_at": now,
+                "duration_ms": max(duration or 0, 0),
+                "bytes": check_int(int(bytes or 0), "bytes", 0),
+                "entries": check_int(int(entries or 0), "entries", 0),
+            }
             self._transition(
                 s,
                 snapshot_id,
                 (SnapshotStatus.PENDING,),
                 SnapshotStatus.COMPLETED,
                 expected_version,
-                completed_at=now,
-                duration_ms=max(duration or 0, 0),
-                bytes=check_int(int(bytes or 0), "bytes", 0),
-                entries=check_int(int(entries or 0), "entries", 0),
+                current=(row.status, row.version),
+                **values,
             )
             self._record_sizes(s, snapshot_id)
-            return self._snapshot_record(s, snapshot_id)
+            done = _snapshot(row, job)
+            return replace(done, status=SnapshotStatus.COMPLETED, version=row.version + 1, **values)
 
     def fail_snapshot(
         self, snapshot_id: int, *, error: str | None = None, expected_version: int | None = None
@@ -607,8 +627,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
     ) -> SnapshotRecord:
         """COMPLETED checkpoint -> SUBSUMED (a newer one replaces it); savepoints are refused."""
         with self._write() as s:
-            snap = self._snapshot_record(s, snapshot_id)
-            if snap.kind is SnapshotKind.SAVEPOINT:
+            row, job = self._locked_snapshot_and_job(s, snapshot_id)
+            if row.kind == SnapshotKind.SAVEPOINT:
                 raise InvalidSnapshotTransition(
                     f"snapshot {snapshot_id} is a savepoint, owned by the user and never subsumed; "
                     "discard it explicitly if it is no longer needed"
@@ -619,8 +639,12 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 (SnapshotStatus.COMPLETED,),
                 SnapshotStatus.SUBSUMED,
                 expected_version,
+                current=(row.status, row.version),
             )
-            return self._snapshot_record(s, snapshot_id)
+            # the record as the transition left it (no read-back)
+            return replace(
+                _snapshot(row, job), status=SnapshotStatus.SUBSUMED, version=row.version + 1
+            )
 
     def discard_snapshot(
         self,
@@ -633,7 +657,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
 
         ``error`` records why when it was not discarded on purpose (its directory vanished).
         """
-        extra = {} if error is None else {"error": error}
+        extra: dict[str, Any] = {} if error is None else {"error": error}
         with self._write() as s:
             self._transition(
                 s,
@@ -885,6 +909,20 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             found.update(returned.all())
         return found
 
+    def _locked_snapshot_and_job(self, s: Session, snapshot_id: int) -> tuple[Snapshot, str]:
+        """The snapshot's row, read afresh and locked (FOR UPDATE on PostgreSQL), and its job's
+        name."""
+        found = s.execute(
+            select(Snapshot, Job.name)
+            .join(Job, Job.id == Snapshot.job_id)
+            .where(Snapshot.id == snapshot_id)
+            .with_for_update(of=Snapshot)
+            .execution_options(populate_existing=True)
+        ).one_or_none()
+        if found is None:
+            raise _no_snapshot(snapshot_id)
+        return found[0], found[1]
+
     def _transition(
         self,
         s: Session,
@@ -892,14 +930,18 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         allowed: tuple[str, ...],
         target: str,
         expected_version: int | None,
+        current: tuple[str, int] | None = None,
         **values: Any,
     ) -> None:
-        # FOR UPDATE (PostgreSQL): a concurrent writer waits here, then sees the winner's row.
-        current = s.execute(
-            select(Snapshot.status, Snapshot.version)
-            .where(Snapshot.id == snapshot_id)
-            .with_for_update()
-        ).one_or_none()
+        """Move the snapshot from one of ``allowed`` to ``target`` by compare-and-swap;
+        ``current``: its (status, version) as the caller just read and locked it."""
+        if current is None:
+            # FOR UPDATE (PostgreSQL): a concurrent writer waits here, then sees the winner's row.
+            current = s.execute(
+                select(Snapshot.status, Snapshot.version)
+                .where(Snapshot.id == snapshot_id)
+                .with_for_update()
+            ).one_or_none()
         if current is None:
             raise _no_snapshot(snapshot_id)
         status, version = current
@@ -947,29 +989,39 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             )
 
     def _record_sizes(self, s: Session, snapshot_id: int) -> None:
-        pairs = (
-            select(SnapshotFile.operator_id, SnapshotFile.file_id)
-            .where(SnapshotFile.snapshot_id == snapshot_id)
-            .distinct()
-            .subquery()
+        # Core on the session's connection (to the ORM a parameter dict means a bulk insert)
+        s.connection().execute(_RECORD_SIZES, {"snapshot_id": snapshot_id})
+
+
+def _record_sizes_stmt() -> Insert:
+    """Per operator of a snapshot: its distinct files, their bytes and shared bytes, into
+    sk_snapshot_sizes. Built once (``snapshot_id`` bound per call): building this statement
+    cost more than running it, on every checkpoint's completion."""
+    sid = bindparam("snapshot_id", type_=SnapshotFile.snapshot_id.type)
+    pairs = (
+        select(SnapshotFile.operator_id, SnapshotFile.file_id)
+        .where(SnapshotFile.snapshot_id == sid)
+        .distinct()
+        .subquery()
+    )
+    totals = (
+        select(
+            sid,
+            pairs.c.operator_id,
+            func.count(),
+            func.coalesce(func.sum(File.size), 0),
+            func.coalesce(func.sum(case((File.shared, File.size), else_=0)), 0),
         )
-        totals = (
-            select(
-                literal(snapshot_id),
-                pairs.c.operator_id,
-                func.count(),
-                func.coalesce(func.sum(File.size), 0),
-                func.coalesce(func.sum(case((File.shared, File.size), else_=0)), 0),
-            )
-            .select_from(pairs)
-            .join(File, File.id == pairs.c.file_id)
-            .group_by(pairs.c.operator_id)
-        )
-        s.execute(
-            insert(SnapshotSize).from_select(
-                ["snapshot_id", "operator_id", "files", "bytes", "shared_bytes"], totals
-            )
-        )
+        .select_from(pairs)
+        .join(File, File.id == pairs.c.file_id)
+        .group_by(pairs.c.operator_id)
+    )
+    return insert(cast("Table", SnapshotSize.__table__)).from_select(
+        ["snapshot_id", "operator_id", "files", "bytes", "shared_bytes"], totals
+    )
+
+
+_RECORD_SIZES = _record_sizes_stmt()
 
 
 def _executemany(

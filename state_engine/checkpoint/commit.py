@@ -9,8 +9,8 @@ and the registration of a relocated savepoint.
    whole), then the job's next checkpoint id is taken by ``begin_snapshot`` (PENDING).
 2. The writer writes its data files under names that are never reused.
 3. :meth:`PendingCommit.attach`: the files, ``_metadata`` among them, and the key-group
-   statistics are recorded while the snapshot is PENDING, each in its own transaction: once
-   it returns, a concurrent orphan cleanup sees them as referenced.
+   statistics are recorded while the snapshot is PENDING, in one transaction: once it
+   returns, a concurrent orphan cleanup sees them as referenced.
 4. :meth:`PendingCommit.complete`: ``_metadata`` is written, last of the files, then the
    catalog moves PENDING -> COMPLETED by compare-and-swap.
 
@@ -86,11 +86,12 @@ class PendingCommit:
         data = meta.to_json() if metadata_bytes is None else metadata_bytes
         refs = file_refs(self.snapshot, meta, data)
         rows = list(stats)
-        # Each commits on its own: once attach_files returns, the catalog knows the files, and a
-        # concurrent orphan cleanup judges them as referenced (no write lock held meanwhile).
-        self.catalog.attach_files(self.record.id, refs)
-        if rows:
-            self.catalog.record_key_group_stats(self.record.id, rows)
+        # One transaction (one BEGIN/COMMIT, not one per call): once it commits, the catalog
+        # knows the files and a concurrent orphan cleanup judges them as referenced.
+        with self.catalog.batch():
+            self.catalog.attach_files(self.record.id, refs)
+            if rows:
+                self.catalog.record_key_group_stats(self.record.id, rows)
         sizes = {r.path: r.size for r in refs}
         return sum(sizes.values()), sum(r.rows for r in rows)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from state_engine.backends.base import ClaimingStrategy, KeyedStateBackend, SnapshotStrategy
-from state_engine.catalog.records import KeyGroupStatRow, SnapshotRecord
+from state_engine.catalog.records import FileRecord, KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
 from state_engine.checkpoint.canonical import (
     DEFAULT_ROW_GROUP_BYTES,
@@ -678,21 +678,27 @@ class CheckpointManager:
             for r in results:
                 if r.on_complete is not None:
                     self._to_confirm.append((record.checkpoint_id, r.on_complete))
-        self._subsume()
-        self.collect_garbage()
-
-    def _subsume(self) -> None:
-        with self._lock:
             owned = sorted(self._owned.values(), key=lambda r: r.checkpoint_id, reverse=True)
             drop = owned[self.retained :]
-            for r in drop:
-                self._owned.pop(r.id, None)
-        if not drop:
-            return
-        with self.catalog.batch():
-            for r in drop:
-                with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
-                    self.catalog.subsume_snapshot(r.id)
+            for old in drop:
+                self._owned.pop(old.id, None)
+        self._retire(drop)
+
+    def _retire(self, drop: list[SnapshotRecord]) -> None:
+        """Subsume ``drop`` and forget the files that releases in one catalog transaction
+        (rather than one per step), then delete those files from storage."""
+        try:
+            with self.catalog.batch():
+                for r in drop:
+                    with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
+                        self.catalog.subsume_snapshot(r.id)
+                claim = self._forget_releasable()
+        except BaseException:
+            with self._lock:  # rolled back: they are subsumed after the next completion
+                self._owned.update((r.id, r) for r in drop)
+            raise
+        if claim is not None:
+            self._delete_released(*claim)
 
     def collect_garbage(self) -> list[str]:
         """Delete the job's files the catalog calls releasable (no retained snapshot uses them)
@@ -702,27 +708,39 @@ class CheckpointManager:
         uses), storage deletes after: a crash in between leaves only files nothing references,
         which orphan cleanup reclaims, never a catalog entry for a file that is gone.
         """
+        with self.catalog.batch():
+            claim = self._forget_releasable()
+        return [] if claim is None else self._delete_released(*claim)
+
+    def _forget_releasable(self) -> tuple[str, int, list[FileRecord]] | None:
+        """The catalog half of :meth:`collect_garbage`, in the caller's transaction: take the
+        job's file lease and forget the releasable files; (lease, token, files), or None if
+        there are none or another deleter holds the lease."""
         base = self.storage.url_of(self.job).rstrip("/") + "/"
         if not any(f.path.startswith(base) for f in self.catalog.releasable_files(self.job)):
-            return []
+            return None
         lease = file_lease_name(self.job)
         try:
             token = self.catalog.acquire_lease(
                 lease, f"checkpoint-manager-{uuid.uuid4().hex[:8]}", FILE_LEASE_TTL_S
             )
         except LeaseError:
-            return []  # expire/orphan cleanup is deleting right now; the next checkpoint retries
+            return None  # expire/orphan cleanup is deleting right now; the next one retries
+        # Read again under the lease: another deleter may have finished in the meantime.
+        files = [f for f in self.catalog.releasable_files(self.job) if f.path.startswith(base)]
+        for f in files:
+            rel = f.path[len(base) :]
+            if rel.startswith("shared/"):
+                self.registry.forget(["../" + rel])
+        if files:
+            self.catalog.forget_files(self.job, [f.path for f in files], lease=lease, token=token)
+        return lease, token, files
+
+    def _delete_released(self, lease: str, token: int, files: list[FileRecord]) -> list[str]:
+        """The storage half of :meth:`collect_garbage`, after the catalog forgot ``files``:
+        delete them, then give the lease up; returns the deleted URLs."""
         deleted: list[str] = []
         try:
-            # Read again under the lease: another deleter may have finished in the meantime.
-            files = [f for f in self.catalog.releasable_files(self.job) if f.path.startswith(base)]
-            if not files:
-                return []
-            for f in files:
-                rel = f.path[len(base) :]
-                if rel.startswith("shared/"):
-                    self.registry.forget(["../" + rel])
-            self.catalog.forget_files(self.job, [f.path for f in files], lease=lease, token=token)
             for f in files:
                 if self.storage.delete(f.path):
                     crash_point("checkpoint.during_release")

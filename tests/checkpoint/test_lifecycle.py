@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.checkpoint.state import RestoreMode
-from state_engine.errors import SnapshotCancelled
+from state_engine.errors import CatalogUnreachable, SnapshotCancelled
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.state import ValueStateDescriptor
 from state_engine.state.meta import StateEntry
@@ -108,6 +108,34 @@ def test_retention_subsumes_and_releases_only_unused_files(catalog, storage, tmp
         for r in records[2:]:
             restored = m.restore(r.id, parallelism=2, factory=factory("heap", tmp_path))
             close(restored.subtasks)
+    close(job)
+
+
+def test_a_retention_that_failed_is_done_after_the_next_checkpoint(
+    catalog, storage, tmp_path: Path, monkeypatch
+):
+    """Subsuming and forgetting the released files are one transaction: when forgetting fails,
+    the subsume rolls back too, and the manager still subsumes that checkpoint later."""
+    job = make_job("heap", tmp_path, 2, track_changes=True)
+    with manager(catalog, storage, "delta", retained=1) as m:
+        first = m.trigger(job).result()
+        forget = catalog.forget_files
+
+        def unreachable(*args: Any, **kwargs: Any) -> int:
+            raise CatalogUnreachable("the catalog went away")
+
+        monkeypatch.setattr(catalog, "forget_files", unreachable)
+        apply(job, KEYS[:50])
+        with pytest.raises(CatalogUnreachable):
+            m.trigger(job).result()
+        assert catalog.get_snapshot(first.id).status == "COMPLETED"  # rolled back with it
+        monkeypatch.setattr(catalog, "forget_files", forget)
+        apply(job, KEYS[50:100], round_=1)
+        third = m.trigger(job).result()
+        statuses = [s.status for s in catalog.list_snapshots("job")]
+        assert statuses == ["COMPLETED", "SUBSUMED", "SUBSUMED"]  # newest first
+        assert catalog.get_snapshot(third.id).status == "COMPLETED"
+        assert stored_urls(storage) == catalog.live_paths("job")
     close(job)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from state_engine.catalog import Catalog
+from state_engine.checkpoint.commit import PendingCommit
 from state_engine.errors import (
     DeletionLeaseHeld,
     DeletionLeaseLost,
@@ -91,21 +92,23 @@ def age_everything(storage) -> None:
 
 
 def pause_attach(monkeypatch, catalog: Catalog, *, before: bool) -> tuple[Any, Any]:
-    """Pause the next attach_files of the manager's catalog before or after it runs."""
+    """Pause the next attach of a checkpoint committing into ``catalog`` (the transaction that
+    records its files) before it begins or after it committed."""
     reached, resume = threading.Event(), threading.Event()
-    real = catalog.attach_files
+    real = PendingCommit.attach
 
-    def attach(snapshot_id: int, files: Any) -> int:
-        if before:
+    def attach(self: PendingCommit, *args: Any, **kw: Any) -> Any:
+        mine = self.catalog is catalog
+        if mine and before:
             reached.set()
             assert resume.wait(WAIT)
-        n = real(snapshot_id, files)
-        if not before:
+        out = real(self, *args, **kw)
+        if mine and not before:
             reached.set()
             assert resume.wait(WAIT)
-        return n
+        return out
 
-    monkeypatch.setattr(catalog, "attach_files", attach)
+    monkeypatch.setattr(PendingCommit, "attach", attach)
     return reached, resume
 
 

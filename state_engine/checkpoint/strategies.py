@@ -15,10 +15,9 @@ backend's view. A backend's own formats live in its package: the heap delta stra
 
 from __future__ import annotations
 
-import itertools
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -38,7 +37,6 @@ from state_engine.snapshot_enums import SnapshotFormat
 if TYPE_CHECKING:
     from state_engine.backends.base import KeyedStateBackend, KeyedStateView
 
-_CANCEL_EVERY = 4096
 #: where a snapshot's shared files sit, relative to its directory
 SHARED_PREFIX = f"../{SHARED_DIR}/"
 #: what a capture's ``write_files`` returns and its ``result`` reads
@@ -70,14 +68,6 @@ class WriteContext:
                 f"snapshot {self.snapshot.url} (checkpoint {self.checkpoint_id}) was cancelled "
                 "before it completed; nothing of it is kept: trigger a new one"
             )
-
-    def guarded(self, rows: Iterable[Any]) -> Iterator[Any]:
-        """``rows``, checking for cancellation every few thousand rows (taken a chunk at a
-        time: a per-row Python step here cost as much as producing the row)."""
-        it = iter(rows)
-        while chunk := list(itertools.islice(it, _CANCEL_EVERY)):
-            yield from chunk
-            self.check()
 
 
 @dataclass

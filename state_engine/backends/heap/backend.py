@@ -1568,11 +1568,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def forget_changes(self) -> None:
         """Drop every change recorded so far, as if a snapshot of the state had been confirmed
         (a restore in CLAIM mode continues the restored snapshot's delta chain)."""
-        for dirty in (*self._dirty_of.values(), *self._dirty_uk_of.values()):
-            for i, changed in enumerate(dirty):
-                if changed:
-                    dirty[i] = set()
-        self._epochs.clear()
+        self._close_epoch(self._last_view_id)  # the changes since the last view, as an epoch
+        self._epochs.clear()  # dropped with every earlier one
 
     @property
     def confirmed_view_id(self) -> int:

@@ -66,26 +66,34 @@ class PartitionWatermarks:
         self._marks: dict[str, int] = {}
         self._finished: set[str] = set()
         self._current = MIN_WATERMARK
+        # _dirty: the watermark may have moved (the record loop looks at it); _stale: _current
+        # must be recomputed over every partition first
         self._dirty = False
+        self._stale = False
 
     def add_partition(self, partition: str) -> None:
         self._marks.setdefault(partition, MIN_WATERMARK)
-        self._dirty = True
+        self._dirty = self._stale = True
 
     def on_record(self, partition: str, timestamp: int) -> None:
         mark = timestamp - self._lag
         old = self._marks[partition]
         if mark > old:
-            self._marks[partition] = mark
+            marks = self._marks
+            marks[partition] = mark
             # Only the partition holding the minimum can move it: skip the scan otherwise.
             if old <= self._current:
                 self._dirty = True
+                if len(marks) == 1:
+                    self._current = mark  # the only partition: its mark is the minimum
+                else:
+                    self._stale = True
 
     def finish(self, partition: str) -> None:
         if partition in self._marks:
             del self._marks[partition]
             self._finished.add(partition)
-            self._dirty = True
+            self._dirty = self._stale = True
 
     @property
     def idle(self) -> bool:
@@ -95,9 +103,10 @@ class PartitionWatermarks:
     @property
     def current(self) -> int:
         """Minimum over active partitions; :data:`MAX_WATERMARK` when none is active."""
-        if self._dirty:
+        if self._stale:
             self._current = min(self._marks.values()) if self._marks else MAX_WATERMARK
-            self._dirty = False
+            self._stale = False
+        self._dirty = False
         return self._current
 
 

@@ -52,3 +52,48 @@ def test_watermark_is_min_of_per_partition_max_minus_bound(events: list[tuple[st
         assert w.current == expected
         assert w.current >= last
         last = w.current
+
+
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.sampled_from("abc"), st.just(0)),
+        st.tuples(st.just("record"), st.sampled_from("abc"), st.integers(0, 1_000)),
+        st.tuples(st.just("finish"), st.sampled_from("abc"), st.just(0)),
+        st.tuples(st.just("read"), st.just(""), st.just(0)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_STEPS)
+def test_watermark_matches_a_model_as_partitions_come_and_go(
+    steps: list[tuple[str, str, int]],
+) -> None:
+    # A model of the rule: minimum over active partitions of (highest timestamp - bound - 1).
+    # Reads are interleaved at random, so the cached minimum is read both fresh and stale, with
+    # one active partition (its own fast path) and with several.
+    w = PartitionWatermarks(max_out_of_orderness_ms=2)
+    marks: dict[str, int] = {}
+    finished: set[str] = set()
+
+    def model() -> int:
+        if not marks:  # before any partition event time has not started; after all, it ended
+            return MAX_WATERMARK if finished else MIN_WATERMARK
+        return min(marks.values())
+
+    for op, p, ts in steps:
+        if op == "add" and p not in finished:
+            w.add_partition(p)
+            marks.setdefault(p, MIN_WATERMARK)
+        elif op == "record" and p in marks:
+            w.on_record(p, ts)
+            marks[p] = max(marks[p], ts - 3)
+        elif op == "finish" and p in marks:
+            w.finish(p)
+            del marks[p]
+            finished.add(p)
+        elif op == "read":
+            assert w.current == model()
+    assert w.current == model()
+    assert w.idle == (not marks)

@@ -15,6 +15,7 @@ ends DISCARDED.
 from __future__ import annotations
 
 import contextlib
+import logging
 import posixpath
 import threading
 import time
@@ -78,6 +79,8 @@ from state_engine.faults import crash_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotFormat, SnapshotKind, SnapshotStatus
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass
 class SnapshotStats:
@@ -90,6 +93,9 @@ class SnapshotStats:
     full_bytes: int = 0
     sync_ms: float = 0.0
     async_ms: float = 0.0
+    #: why subsuming older checkpoints after this one completed failed (retried after the next
+    #: completion); the checkpoint itself is COMPLETED either way
+    retention_error: str | None = None
 
 
 @dataclass
@@ -682,7 +688,20 @@ class CheckpointManager:
             drop = owned[self.retained :]
             for old in drop:
                 self._owned.pop(old.id, None)
-        self._retire(drop)
+        try:
+            self._retire(drop)
+        except Exception as exc:
+            # The checkpoint is COMPLETED and restorable whatever happens here (Flink, too, only
+            # logs a failed discard of subsumed checkpoints): the ones to drop went back to the
+            # manager and are subsumed after the next completion.
+            job.stats.retention_error = f"{type(exc).__name__}: {exc}"
+            _log.warning(
+                "job %s: checkpoint %s completed, but subsuming older checkpoints failed (%s); "
+                "retried after the next checkpoint",
+                self.job,
+                record.checkpoint_id,
+                job.stats.retention_error,
+            )
 
     def _retire(self, drop: list[SnapshotRecord]) -> None:
         """Subsume ``drop`` and forget the files that releases in one catalog transaction

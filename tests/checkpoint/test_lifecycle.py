@@ -112,10 +112,11 @@ def test_retention_subsumes_and_releases_only_unused_files(catalog, storage, tmp
 
 
 def test_a_retention_that_failed_is_done_after_the_next_checkpoint(
-    catalog, storage, tmp_path: Path, monkeypatch
+    catalog, storage, tmp_path: Path, monkeypatch, caplog
 ):
     """Subsuming and forgetting the released files are one transaction: when forgetting fails,
-    the subsume rolls back too, and the manager still subsumes that checkpoint later."""
+    the subsume rolls back too, and the manager still subsumes that checkpoint later. The
+    checkpoint whose retention failed is COMPLETED, and its result says so."""
     job = make_job("heap", tmp_path, 2, track_changes=True)
     with manager(catalog, storage, "delta", retained=1) as m:
         first = m.trigger(job).result()
@@ -126,8 +127,12 @@ def test_a_retention_that_failed_is_done_after_the_next_checkpoint(
 
         monkeypatch.setattr(catalog, "forget_files", unreachable)
         apply(job, KEYS[:50])
-        with pytest.raises(CatalogUnreachable):
-            m.trigger(job).result()
+        pending = m.trigger(job)
+        second = pending.result()
+        assert second.status == "COMPLETED"
+        assert catalog.get_snapshot(second.id).status == "COMPLETED"
+        assert pending.stats.retention_error == "CatalogUnreachable: the catalog went away"
+        assert "subsuming older checkpoints failed" in caplog.text
         assert catalog.get_snapshot(first.id).status == "COMPLETED"  # rolled back with it
         monkeypatch.setattr(catalog, "forget_files", forget)
         apply(job, KEYS[50:100], round_=1)

@@ -25,27 +25,22 @@ class DeltaChain:
 
 
 def delta_chain(catalog: Catalog, job: str) -> DeltaChain:
-    """Count the DELTA snapshots from the job's latest COMPLETED one back to its full base.
+    """Count the deltas that rest on the full base of the job's latest COMPLETED snapshot.
 
-    A heap-incremental checkpoint names its parent; the base of a chain has none (it may still
-    be recorded in the DELTA format: a full delta). A canonical snapshot (e.g. compaction's
-    output) ends the chain: nothing rests on it as a delta.
+    Read from the snapshot's ``_metadata``: every delta file carries its index in its subtask's
+    chain (1 = the first delta on the base), so the count is the longest chain of any subtask.
+    The catalog's ``parent_id`` cannot say it: it names the checkpoint completed last when this
+    one was triggered, also for a checkpoint that wrote a new base, and with overlapping
+    checkpoints a delta may build on one still in flight then. A snapshot in another format
+    (canonical, e.g. compaction's output, or native) has no deltas.
     """
     latest = catalog.latest_snapshot(job)
     if latest is None:
         return DeltaChain(job, None, 0)
-    deltas = 0
-    current: SnapshotRecord | None = latest
-    seen: set[int] = set()
-    while (
-        current is not None
-        and current.format == str(SnapshotFormat.DELTA)
-        and current.parent_id is not None
-        and current.id not in seen
-    ):
-        seen.add(current.id)
-        deltas += 1
-        current = catalog.get_snapshot(current.parent_id)
+    if latest.format != str(SnapshotFormat.DELTA):
+        return DeltaChain(job, latest.id, 0)
+    meta = read_metadata(latest.location)
+    deltas = max((f.chain_index or 0 for f in meta.files), default=0)
     return DeltaChain(job, latest.id, deltas)
 
 

@@ -12,6 +12,7 @@ import pytest
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.errors import InvalidSnapshotRequest
+from state_engine.maintenance_plan import DeltaChain, delta_chain
 from tests.checkpoint.jobstate import apply, close, factory, make_job, observe
 
 KEYS = [f"user-{i}" for i in range(10_000)]
@@ -67,6 +68,8 @@ def test_delta_chain_rebases_every_n_and_restores(catalog, storage, tmp_path: Pa
             record = m.trigger(job).result()
             meta = read_metadata(storage.snapshot(record.location))
             chain_lengths.append(max((f.chain_index or 0) for f in meta.files))
+            # what the maintenance DAG's compaction decides on: a new base ends the count
+            assert delta_chain(catalog, "job") == DeltaChain("job", record.id, chain_lengths[-1])
             expected = observe(job, KEYS[:300])
             restored = reader.restore(record.id, parallelism=3, factory=factory("heap", tmp_path))
             assert observe(restored.subtasks, KEYS[:300]) == expected

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
 from state_engine.backends.rocksdb.layout import OLD_LIST_SEQ_KEY, decode_list, encode_list
 from state_engine.errors import SerializationError, StateError
-from state_engine.keygroups import KeyGroupRange
 from state_engine.serde import PickleSerializer
 from state_engine.state import (
     ListStateDescriptor,
@@ -22,12 +21,7 @@ from state_engine.state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
-
-KGR = KeyGroupRange.of(0, 127)
-
-
-def open_rocks(path: Path, clock: ManualClock | None = None) -> RocksDBKeyedStateBackend:
-    return RocksDBKeyedStateBackend(path, str, 128, KGR, clock or ManualClock(0))
+from tests.state.rocks import KGR, open_rocks
 
 
 def db_rows(b: RocksDBKeyedStateBackend, state: str) -> list[tuple[bytes, bytes]]:

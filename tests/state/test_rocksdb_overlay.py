@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from state_engine.backends.rocksdb import RocksDBKeyedStateBackend
 from state_engine.backends.rocksdb import backend as rocks_backend
 from state_engine.errors import StateError
 from state_engine.hashing import key_hash
@@ -22,12 +21,7 @@ from state_engine.state import (
     UpdateType,
     ValueStateDescriptor,
 )
-
-KGR = KeyGroupRange.of(0, 127)
-
-
-def open_rocks(path: Path, clock: ManualClock | None = None) -> RocksDBKeyedStateBackend:
-    return RocksDBKeyedStateBackend(path, str, 128, KGR, clock or ManualClock(0))
+from tests.state.rocks import open_rocks
 
 
 def test_point_writes_wait_in_the_overlay_which_stays_bounded(

@@ -64,13 +64,20 @@ class ForkedWrite(Generic[T]):
     """
 
     def __init__(self, work: Callable[[Callable[[str], None]], T]) -> None:
+        reap_exited()  # children of earlier snapshots have exited by now
         read_fd, write_fd = os.pipe()
         with warnings.catch_warnings():
             # Python 3.12+ warns about fork in a threaded process; the child only runs `work`
             # (pure Python and Arrow over the view) and then _exit()s.
             warnings.simplefilter("ignore", DeprecationWarning)
             _freeze()  # the collector must not touch (and so copy) every page while the child runs
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except BaseException:
+                _unfreeze()
+                os.close(read_fd)
+                os.close(write_fd)
+                raise
         if pid == 0:  # pragma: no cover - the child's coverage is not collected
             _child(work, read_fd, write_fd)
         os.close(write_fd)
@@ -81,14 +88,22 @@ class ForkedWrite(Generic[T]):
         self._status: int | None = None
 
     def wait(self, *, cancelled: Callable[[], bool], opened: Callable[[str], None]) -> T | None:
-        """The child's result; None if ``cancelled()`` (polled) turned true and it was killed."""
-        while self._fd is not None:
+        """The child's result; None if ``cancelled()`` (polled) turned true and it was killed.
+
+        Returns as soon as the result arrives: the child then only exits, and unmapping its copy
+        of this process' memory takes milliseconds a checkpoint need not wait for. It is reaped
+        by :func:`reap_exited` (at the next fork, or when the owner closes).
+        """
+        while self._fd is not None and self._outcome is None:
             if cancelled():
                 self.kill(opened)
                 return None
             ready, _, _ = select.select([self._fd], [], [], _POLL_S)
             if ready and not self._read(opened):
                 self._reap()
+        if self._fd is not None:
+            with _exiting_lock:
+                _exiting.append(self)
         return self._result()
 
     def kill(self, opened: Callable[[str], None] | None = None) -> None:
@@ -156,6 +171,34 @@ def run_forked(
 ) -> T | None:
     """:class:`ForkedWrite` started and waited for (None once cancelled)."""
     return ForkedWrite(work).wait(cancelled=cancelled, opened=opened)
+
+
+#: children whose result arrived and that are still exiting (see ForkedWrite.wait)
+_exiting: list[ForkedWrite[object]] = []
+_exiting_lock = threading.Lock()
+
+
+def reap_exited(*, block: bool = False) -> None:
+    """Reap the children whose result arrived once they have exited (all of them with
+    ``block``: waiting for each to exit). Their pipes carry nothing after the result: readable
+    means closed."""
+    with _exiting_lock:
+        pending = list(_exiting)
+        _exiting.clear()
+    left = []
+    for child in pending:
+        fd = child._fd
+        if fd is None:
+            continue
+        if block or select.select([fd], [], [], 0)[0]:
+            while child._read(lambda path: None):  # to the end of the pipe: the child's exit
+                pass
+            child._reap()
+        else:
+            left.append(child)
+    if left:
+        with _exiting_lock:
+            _exiting.extend(left)
 
 
 _frozen = 0

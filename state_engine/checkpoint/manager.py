@@ -39,7 +39,7 @@ from state_engine.checkpoint.commit import (
     file_lease_name,
     reserve,
 )
-from state_engine.checkpoint.forked import ForkedWrite, can_fork
+from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
@@ -889,6 +889,7 @@ class CheckpointManager:
             # as after a crash: its PENDING row and files stay for recovery and orphan cleanup
             if job.child is not None:
                 job.child.kill()
+        reap_exited(block=True)  # the writers that delivered their files and were exiting
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -28,7 +28,7 @@ from state_engine import faults
 from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.backends.rocksdb.snapshot import NativeSnapshotStrategy
-from state_engine.checkpoint.forked import ForkedWrite, can_fork
+from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
 from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
@@ -386,6 +386,7 @@ class WorkerRunner(JobRunner):
         for s in self.subtasks:
             with contextlib.suppress(Exception):
                 s.keyed.close()
+        reap_exited(block=True)
 
 
 def pickled_error(exc: BaseException) -> bytes:

@@ -3,6 +3,7 @@ fails, dies or is cancelled leaves nothing the parent does not know about."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -10,7 +11,13 @@ import time
 
 import pytest
 
-from state_engine.checkpoint.forked import ForkedWrite, SnapshotWriterDied, can_fork, run_forked
+from state_engine.checkpoint.forked import (
+    ForkedWrite,
+    SnapshotWriterDied,
+    can_fork,
+    reap_exited,
+    run_forked,
+)
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotCancelled, SnapshotFileExists
@@ -193,9 +200,36 @@ def test_when_fork_fails_the_checkpoint_thread_writes_the_snapshot(
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "fork", no_fork)
+    reap_exited(block=True)  # no child of an earlier test keeps the collector frozen
+    fds = len(os.listdir("/proc/self/fd"))
     with manager(catalog, storage, "job", "canonical", fork_writer=True) as m:
         record = m.trigger(job).result()
         restored = m.restore(record.id, parallelism=1, factory=factory("heap", tmp_path))
         assert observe(restored.subtasks, KEYS) == observe(job, KEYS)
         close(restored.subtasks)
     close(job)
+    # the failed fork left the collector as it was, and no pipe open
+    assert gc.get_freeze_count() == 0
+    assert len(os.listdir("/proc/self/fd")) <= fds
+
+
+def test_the_result_arrives_before_the_child_exits_which_is_reaped_later(tmp_path, monkeypatch):
+    go = tmp_path / "go"
+    real_exit = os._exit
+
+    def exit_when_told(code: int) -> None:  # the child's exit waits until the test says so
+        while not go.exists():
+            time.sleep(0.005)
+        real_exit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_when_told)
+    child = ForkedWrite(lambda report: {"rows": 1})
+    assert child.wait(cancelled=lambda: False, opened=lambda p: None) == {"rows": 1}
+    assert os.waitpid(child.pid, os.WNOHANG) == (0, 0)  # still there: not waited for
+    reap_exited()  # not blocking: leaves a child that has not exited
+    assert os.waitpid(child.pid, os.WNOHANG) == (0, 0)
+    go.touch()
+    reap_exited(block=True)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # reaped: not even a zombie is left
+    assert gc.get_freeze_count() == 0  # the collector walks every object again

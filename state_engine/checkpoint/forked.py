@@ -64,7 +64,7 @@ class ForkedWrite(Generic[T]):
     """
 
     def __init__(self, work: Callable[[Callable[[str], None]], T]) -> None:
-        reap_exited()  # children of earlier snapshots have exited by now
+        reap_exited()  # the writers of earlier snapshots that have exited by now
         read_fd, write_fd = os.pipe()
         with warnings.catch_warnings():
             # Python 3.12+ warns about fork in a threaded process; the child only runs `work`

@@ -31,7 +31,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import CheckpointError
@@ -174,7 +174,7 @@ def run_forked(
 
 
 #: children whose result arrived and that are still exiting (see ForkedWrite.wait)
-_exiting: list[ForkedWrite[object]] = []
+_exiting: list[ForkedWrite[Any]] = []
 _exiting_lock = threading.Lock()
 
 

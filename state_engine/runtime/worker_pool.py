@@ -33,14 +33,17 @@ exactly-once output.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import pickle
 import queue
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from multiprocessing import spawn
 from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.heap import HeapBackendFactory
@@ -49,6 +52,7 @@ from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.checkpoint.strategies import Capture, SubtaskResult, WriteContext
 from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.runtime import forkserver_main
 from state_engine.runtime.coordinator import CheckpointCoordinator
 from state_engine.runtime.runner import JobResult, JobRunner
 from state_engine.runtime.sinks import Committable
@@ -99,7 +103,15 @@ def prestart(preload: Sequence[str] = ()) -> None:
     every worker starts with them (and what they load) in memory. No effect once started."""
     ctx = _context()
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["state_engine.runtime.worker", *preload])
+        modules = ["state_engine.runtime.worker", *preload]
+        main_path = spawn.get_preparation_data("statekeeper").get("init_main_from_path")
+        if "__main__" in preload and main_path is not None:
+            # the forkserver of Python < 3.13 does not load __main__ itself (see forkserver_main)
+            os.environ[forkserver_main.ENV_VAR] = json.dumps(
+                {"main_path": main_path, "sys_path": sys.path}
+            )
+            modules.insert(0, forkserver_main.__name__)
+        ctx.set_forkserver_preload(modules)
         proc = ctx.Process(target=_started, name="statekeeper-prestart")
         proc.start()
         proc.join()

@@ -198,3 +198,49 @@ def test_what_processes_refuse(tmp_path: Path, catalog: Any) -> None:
     memory = JobRunner(delta, catalog=catalog, storage="memory://ck")
     with pytest.raises(InvalidJob, match="every process reaches"):
         memory.run()
+
+
+_PRELOADED_SCRIPT = """
+import os, sys
+sys.path.insert(0, {repo!r})
+with open({runs!r}, "a") as f:  # one line each time this script's top level runs
+    f.write(__name__ + "\\n")
+
+
+def answer(queue):
+    queue.put(os.getpid())
+
+
+if __name__ == "__main__":
+    from state_engine.runtime.worker_pool import _context, prestart
+
+    prestart(preload=["__main__"])
+    ctx = _context()
+    queue = ctx.Queue()
+    workers = [ctx.Process(target=answer, args=(queue,)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    pids = {{queue.get() for _ in workers}}
+    for w in workers:
+        w.join()
+    print(len(pids))
+"""
+
+
+def test_a_prestarted_pool_loads_the_main_script_once_not_once_per_worker(tmp_path: Path) -> None:
+    """``prestart(preload=["__main__"])``: the script runs as itself and once more in the process
+    workers fork from; the workers find its functions there and do not run it again (Python
+    before 3.13 never loaded __main__ there, so each worker ran the whole script)."""
+    import subprocess
+    import sys
+
+    repo = str(Path(__file__).resolve().parents[2])
+    runs = tmp_path / "runs.txt"
+    script = tmp_path / "script.py"
+    script.write_text(_PRELOADED_SCRIPT.format(repo=repo, runs=str(runs)))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "3"  # three workers ran the script's function
+    assert runs.read_text().split() == ["__main__", "__mp_main__"]

@@ -32,6 +32,10 @@ def _load_main() -> None:
     current._inheriting = True  # type: ignore[attr-defined]  # what the forkserver sets
     try:
         spawn.import_main_path(path)
+    except (Exception, SystemExit):  # noqa: BLE001
+        # A script that fails here would take the forkserver down with it: leave it to each
+        # worker instead, which loads it again (and reports its error) as without the preload.
+        sys.modules.pop("__mp_main__", None)
     finally:
         del current._inheriting  # type: ignore[attr-defined]  # as above
 

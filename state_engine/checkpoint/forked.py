@@ -112,8 +112,12 @@ class ForkedWrite(Generic[T]):
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        # what the child wrote before it died is still in the pipe: read it to the end
-        while self._read(opened or (lambda path: None)):
+        # what the child wrote before it died is still in the pipe
+        self._drain_and_reap(opened or (lambda path: None))
+
+    def _drain_and_reap(self, opened: Callable[[str], None]) -> None:
+        """Read the pipe to its end (blocking until the child has exited), then reap it."""
+        while self._read(opened):
             pass
         self._reap()
 
@@ -191,9 +195,7 @@ def reap_exited(*, block: bool = False) -> None:
         if fd is None:
             continue
         if block or select.select([fd], [], [], 0)[0]:
-            while child._read(lambda path: None):  # to the end of the pipe: the child's exit
-                pass
-            child._reap()
+            child._drain_and_reap(lambda path: None)
         else:
             left.append(child)
     if left:

@@ -20,7 +20,9 @@ ENV_VAR = "STATEKEEPER_FORKSERVER_MAIN"
 
 
 def _load_main() -> None:
-    spec = os.environ.get(ENV_VAR)
+    # taken out of the environment: the workers forked from here, and anything they start,
+    # must not load the script again
+    spec = os.environ.pop(ENV_VAR, None)
     if not spec:
         return
     wanted = json.loads(spec)

@@ -113,7 +113,11 @@ def prestart(preload: Sequence[str] = ()) -> None:
             modules.insert(0, forkserver_main.__name__)
         ctx.set_forkserver_preload(modules)
         proc = ctx.Process(target=_started, name="statekeeper-prestart")
-        proc.start()
+        try:
+            proc.start()  # starts the forkserver, with the environment as it is now
+        finally:
+            # only the forkserver reads it: other processes this one starts must not
+            os.environ.pop(forkserver_main.ENV_VAR, None)
         proc.join()
 
 

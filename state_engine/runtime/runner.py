@@ -29,7 +29,7 @@ from state_engine.runtime.job import Job
 from state_engine.runtime.keyed_operator import KeyedProcessOperator
 from state_engine.runtime.sinks import SinkWriter, new_attempt_id
 from state_engine.runtime.source_reader import SourceReader
-from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK, combined_watermark
+from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 from state_engine.state.ttl import Clock, SystemClock
@@ -342,9 +342,14 @@ class JobRunner:
         readers, operators = self._routing()
         owned = [o for o in operators if o is not None]
         marks = [r.watermarks for r in readers]
-        polls = [(r, r.next_record, r.watermarks) for r in readers if not r.finished]
-        # the readers with partitions still to read: with one, its watermark is the watermark
-        live = [m for m in marks if not m.idle]
+        polls = [(r.next_record, r.watermarks, i) for i, r in enumerate(readers) if not r.finished]
+        # Each reader's watermark as last read (MAX_WATERMARK once idle): the job's watermark is
+        # their minimum. A reader's watermark moves only on its own records, which flag it
+        # dirty, so a step re-reads only its own reader; readers flagged before this loop make
+        # the first re-read take them all, as the loop found them.
+        held = [MAX_WATERMARK if m.idle or m._dirty else m.current for m in marks]
+        reread_all = any(m._dirty for m in marks)
+        one_reader = len(marks) == 1
         single = operators[0] if p == 1 else None
         route: dict[Any, KeyedProcessOperator | None] = {}
         missing = _MISSING
@@ -360,7 +365,7 @@ class JobRunner:
         try:
             while polls:
                 ended = False
-                for _reader, next_record, wmarks in polls:
+                for next_record, wmarks, index in polls:
                     if n >= stop:
                         _catch_up(owned, wm_now)
                         return True
@@ -386,9 +391,12 @@ class JobRunner:
                     else:
                         ended = True  # this reader has read all its partitions
                     if wmarks._dirty or got is None:
-                        if got is None:
-                            live = [m for m in marks if not m.idle]
-                        wm = live[0].current if len(live) == 1 else combined_watermark(marks)
+                        if got is not None and not reread_all:
+                            held[index] = wmarks.current  # it read a record: not idle
+                        else:
+                            held = [MAX_WATERMARK if m.idle else m.current for m in marks]
+                            reread_all = False
+                        wm = held[0] if one_reader else min(held)
                         if wm > wm_now:
                             wm_now = self._watermark = wm
                             for heap, o in event:
@@ -406,7 +414,7 @@ class JobRunner:
                             coordinator.trigger(n)  # type: ignore[union-attr]  # as above
                         check_at = coordinator.next_check(n)  # type: ignore[union-attr]  # as above
                 if ended:
-                    polls = [x for x in polls if not x[0].finished]
+                    polls = [x for x in polls if not readers[x[2]].finished]
             _catch_up(owned, wm_now)
             return False
         finally:

@@ -108,9 +108,3 @@ class PartitionWatermarks:
             self._stale = False
         self._dirty = False
         return self._current
-
-
-def combined_watermark(subtasks: list[PartitionWatermarks]) -> int:
-    """What a keyed operator behind a shuffle sees: the minimum over its non-idle inputs."""
-    active = [w.current for w in subtasks if not w.idle]
-    return min(active) if active else MAX_WATERMARK

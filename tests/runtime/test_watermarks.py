@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state_engine.runtime import MAX_WATERMARK, MIN_WATERMARK
-from state_engine.runtime.watermarks import PartitionWatermarks, combined_watermark
+from state_engine.checkpoint import HeapBackendFactory
+from state_engine.runtime import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    CollectedOutput,
+    CollectSink,
+    Context,
+    GeneratorSource,
+    Job,
+    JobRunner,
+    KeyedProcessFunction,
+    WatermarkStrategy,
+)
+from state_engine.runtime.watermarks import PartitionWatermarks
 
 
 def test_min_over_partitions_and_finished_partitions_do_not_hold_back() -> None:
@@ -25,16 +40,6 @@ def test_min_over_partitions_and_finished_partitions_do_not_hold_back() -> None:
     assert w.current == 489
     w.finish("b")
     assert w.idle and w.current == MAX_WATERMARK
-
-
-def test_idle_subtasks_are_ignored_downstream() -> None:
-    busy, idle = PartitionWatermarks(0), PartitionWatermarks(0)
-    busy.add_partition("p")
-    busy.on_record("p", 7)
-    assert idle.idle
-    assert combined_watermark([busy, idle]) == 6
-    busy.finish("p")
-    assert combined_watermark([busy, idle]) == MAX_WATERMARK
 
 
 @settings(max_examples=60, deadline=None)
@@ -97,3 +102,71 @@ def test_watermark_matches_a_model_as_partitions_come_and_go(
             assert w.current == model()
     assert w.current == model()
     assert w.idle == (not marks)
+
+
+#: (partition, index, timestamp, watermark seen) of every record, in the order processed
+_SEEN: list[tuple[int, int, int, int]] = []
+
+
+class _SeesWatermark(KeyedProcessFunction):
+    def process(self, record: Any, ctx: Context) -> None:
+        _SEEN.append(
+            (record["p"], record["i"], record["ts"], ctx.timer_service.current_watermark())
+        )
+
+
+def _stamped(p: int, i: int, rng: random.Random) -> dict[str, Any]:
+    return {"p": p, "i": i, "ts": _TABLE[p][i]}
+
+
+_TABLE: list[list[int]] = []
+
+
+@st.composite
+def _stamp_tables(draw: Any) -> list[list[int]]:
+    parts, size = draw(st.integers(1, 5)), draw(st.integers(1, 10))
+    row = st.lists(st.integers(0, 300), min_size=size, max_size=size)
+    return draw(st.lists(row, min_size=parts, max_size=parts))
+
+
+@settings(max_examples=80, deadline=None)
+@given(table=_stamp_tables(), parallelism=st.integers(1, 3), bound=st.integers(0, 20))
+def test_each_record_sees_the_minimum_over_partitions_of_what_was_read_before_it(
+    table: list[list[int]], parallelism: int, bound: int
+) -> None:
+    # The job's watermark is the minimum over source subtasks of each one's minimum over its
+    # partitions; the runner re-reads only the subtask whose record moved it. A record sees the
+    # watermark of every record read before it (out of order, several partitions per subtask,
+    # subtasks without partitions). Partitions are of one length, so none has finished while
+    # another still has records: the model needs no end-of-partition timing.
+    _TABLE[:] = table
+    _SEEN.clear()
+    source = GeneratorSource(
+        len(table),
+        len(table[0]),
+        _stamped,
+        watermarks=WatermarkStrategy("ts", max_out_of_orderness_ms=bound),
+    )
+    job = Job(
+        "watermarks",
+        source,
+        lambda r: f"{r['p']}-{r['i']}",
+        _SeesWatermark(),
+        CollectSink(CollectedOutput()),
+        parallelism=parallelism,
+        backend=HeapBackendFactory(),
+    )
+    JobRunner(job).run()
+    assert sorted((p, i) for p, i, _, _ in _SEEN) == [
+        (p, i) for p in range(len(table)) for i in range(len(table[0]))
+    ]
+    highest: dict[int, int] = {}
+    left = {p: len(row) for p, row in enumerate(table)}
+    for p, _i, ts, seen in _SEEN:
+        if all(left.values()):  # no partition can have ended yet
+            expected = (
+                min(highest.values()) - bound - 1 if len(highest) == len(table) else MIN_WATERMARK
+            )
+            assert seen == expected
+        highest[p] = max(highest.get(p, ts), ts)
+        left[p] -= 1

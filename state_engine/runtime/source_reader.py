@@ -8,7 +8,7 @@ operator state in the snapshot's synchronous phase only, as Flink's source reade
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ class SourceReader:
         self._skip = source.on_malformed is MalformedPolicy.SKIP
         self._readers: dict[str, PartitionReader | None] = {}
         self._active: list[str] = []
+        #: where the next read starts in the round (a position in _active)
         self._next = 0
         self.records_read = 0
         self.records_skipped = 0
@@ -48,6 +49,9 @@ class SourceReader:
         self.partition = ""
         for partition in self.offsets.partitions():
             self._activate(partition)
+        #: the next record: ``(value, timestamp)`` of the next partition in turn (its partition
+        #: in :attr:`partition`), or None while every partition has ended
+        self.next_record: Callable[[], tuple[Any, int] | None] = self._records().__next__
 
     def assign(self, partitions: Iterable[str]) -> None:
         """Start reading partitions no subtask held in the restored state (or all, when fresh)."""
@@ -81,45 +85,59 @@ class SourceReader:
             return None
         return SourceRecord(got[0], got[1], self.partition)
 
-    def next_record(self) -> tuple[Any, int] | None:
-        """:meth:`poll` without the record object: ``(value, timestamp)``, its partition in
-        :attr:`partition`; None once every partition has ended."""
-        active = self._active
-        while active:
-            i = self._next
-            if i >= len(active):
-                i = 0
-            partition = active[i]
-            reader = self._readers[partition]
-            if reader is None:
-                reader = self.source.open(partition, self.offset(partition))
-                self._readers[partition] = reader
-            raw = next(reader, None)
-            if raw is None:
-                self._next = i
-                self._finish(partition)
-                continue
-            self._pos[partition] = raw.next_offset
-            if raw.error is None:
-                try:
-                    ts = self._assign_ts(raw.value)
-                except (KeyError, IndexError, TypeError, ValueError) as exc:
-                    error = f"no timestamp ({type(exc).__name__}: {exc})"
+    def _records(self) -> Iterator[tuple[Any, int] | None]:
+        """:meth:`next_record`'s generator: ``(value, timestamp)`` of the next partition in turn,
+        its partition in :attr:`partition`; None while every partition has ended. It never
+        ends: partitions :meth:`assign` adds later are read on. Its state lives in locals, so
+        the per-record path looks up no attributes."""
+        active, readers, pos = self._active, self._readers, self._pos
+        on_record = self.watermarks.on_record
+        assign_ts, skip = self._assign_ts, self._skip
+        i = self._next
+        try:
+            while True:
+                if not active:
+                    yield None
+                    continue
+                if i >= len(active):
+                    i = 0
+                partition = active[i]
+                reader = readers[partition]
+                if reader is None:
+                    reader = self.source.open(partition, self.offset(partition))
+                    readers[partition] = reader
+                raw = next(reader, None)
+                if raw is None:
+                    self._finish(partition)  # the next partition moves up to position i
+                    continue
+                pos[partition] = raw.next_offset
+                if raw.error is None:
+                    try:
+                        ts = assign_ts(raw.value)
+                    except (KeyError, IndexError, TypeError, ValueError) as exc:
+                        error = f"no timestamp ({type(exc).__name__}: {exc})"
+                    else:
+                        if type(ts) is int:
+                            i += 1
+                            self.records_read += 1
+                            on_record(partition, ts)
+                            self.partition = partition
+                            yield raw.value, ts
+                            continue
+                        error = f"timestamp {ts!r} is not an int of epoch milliseconds"
                 else:
-                    if type(ts) is int:
-                        self._next = i + 1
-                        self.records_read += 1
-                        self.watermarks.on_record(partition, ts)
-                        self.partition = partition
-                        return raw.value, ts
-                    error = f"timestamp {ts!r} is not an int of epoch milliseconds"
-            else:
-                error = raw.error
+                    error = raw.error
+                if not skip:
+                    raise self.source.malformed(partition, raw.offset, error)
+                self.records_skipped += 1
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # A malformed record or the source's own error ends this generator, not the
+            # reader: the next call continues with the same partition, after what failed.
             self._next = i
-            if not self._skip:
-                raise self.source.malformed(partition, raw.offset, error)
-            self.records_skipped += 1
-        return None
+            self.next_record = self._records().__next__
+            raise
 
     def offset(self, partition: str) -> int:
         """The next offset to read in ``partition`` (synced or not)."""

@@ -117,6 +117,9 @@ def test_malformed_record_fails_naming_file_and_offset(tmp_path: Path, fmt: str)
         reader.poll()
     assert str(path) in str(info.value) and where in str(info.value)
     assert "on_malformed='skip'" in str(info.value)
+    # the reader is not broken by it: the next poll reads on after the bad record
+    assert reader.poll().value == {"ts": 3}  # type: ignore[union-attr]  # a record is ready
+    assert reader.poll() is None
 
 
 def test_malformed_records_skipped_and_counted(tmp_path: Path) -> None:

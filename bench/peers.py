@@ -8,7 +8,8 @@ transactions of 10,000 cards (4 partitions), its rules rewritten for each peer.
 - Statekeeper: heap and RocksDB, checkpoints off / full (canonical) / heap delta / RocksDB native
   incremental; a kill after 255,000 records and a restore from the last checkpoint that finishes
   the stream; parallelism 2 in worker processes (``Job(execution="processes")``) against
-  parallelism 1, heap without checkpoints (both workloads) and with full checkpoints (counts).
+  parallelism 1, heap without checkpoints (both workloads) and with full checkpoints (counts);
+  heap delta and its restore again with ``Job(max_concurrent_checkpoints=2)`` (``-mc2``).
   Wall-clock ratios need idle cores: ``machine_2_process_speedup`` says what the machine gave
   (pure Python split over 2 processes vs 1), and ``p2_vs_p1_busiest_thread_cpu`` compares the
   CPU seconds of the busiest record-running thread (a worker's in p2), which load does not move.
@@ -27,8 +28,9 @@ the fraud job's alert multiset) is compared with Statekeeper's, and a mismatch f
     .venv/bin/python bench/peers.py [--quick] [--rounds N] [--only NAME,...] [--baseline DIR]
 
 ``--baseline DIR`` (a tree of an earlier commit, e.g. ``git archive <commit> | tar -x -C DIR``)
-adds that tree's Statekeeper runs to the same rounds; ``vs_baseline`` is records/s now over
-records/s then (restores: seconds now over seconds then).
+adds that tree's Statekeeper runs to the same rounds (with ``--only``: those of the named
+configurations); ``vs_baseline`` is records/s now over records/s then (restores: seconds now over
+seconds then).
 
 Prints one JSON object on its last line.
 """
@@ -637,6 +639,21 @@ def configs(records: int) -> list[Config]:
             cfg={**rocks, "format": "native"},
             restore=True,
         ),  # fmt: skip
+        # the same two with Job(max_concurrent_checkpoints=2): a barrier waits only when two
+        # checkpoints are still writing (no targets: the figures say what the option buys)
+        Config(
+            "sk-heap-delta-mc2",
+            "statekeeper",
+            "counts",
+            cfg={**heap, "format": "delta", "job": {"max_concurrent_checkpoints": 2}},
+        ),  # fmt: skip
+        Config(
+            "restore-sk-heap-mc2",
+            "statekeeper",
+            "counts",
+            cfg={**heap, "format": "delta", "job": {"max_concurrent_checkpoints": 2}},
+            restore=True,
+        ),  # fmt: skip
         Config("restore-bytewax", "bytewax", "counts", recovery=True, restore=True),
         Config("restore-quix", "quix", "counts", restore=True),
     ]
@@ -738,7 +755,8 @@ def main() -> None:
             todo += baseline_configs(todo, Path(args.baseline))
         if args.only:
             wanted = set(args.only.split(","))
-            todo = [c for c in todo if c.name in wanted]
+            # a baseline run of a wanted config is wanted too
+            todo = [c for c in todo if c.name.removeprefix("base:") in wanted]
         capacity = []
         for r in range(rounds):
             capacity.append(parallel_capacity())
@@ -828,6 +846,10 @@ def report(
             "rocksdb_off_vs_quix": ratio("sk-rocks-off", "quix-10k", rate),
             "p2_vs_p1_heap_full_ckpt": ratio("sk-heap-full-p2", "sk-heap-full", rate),
             "p2_vs_p1_fraud_heap_off": ratio("fraud-sk-heap-off-p2", "fraud-sk-heap-off", rate),
+            "heap_delta_mc2_vs_bytewax_on": ratio("sk-heap-delta-mc2", "bytewax-on", rate),
+            "restore_heap_mc2_vs_bytewax_seconds": ratio(
+                "restore-sk-heap-mc2", "restore-bytewax", secs
+            ),  # fmt: skip
         },
         "machine_2_process_speedup": round(capacity, 3),
         "p2_vs_p1_busiest_thread_cpu": {

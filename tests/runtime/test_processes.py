@@ -3,6 +3,7 @@ single-thread runner, savepoints across modes, how the mode is chosen, and what 
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,10 @@ from state_engine.errors import InvalidJob, JobError
 from state_engine.runtime import (
     CollectedOutput,
     CollectSink,
+    Context,
     Job,
     JobRunner,
+    KeyedProcessFunction,
     RecordTimestampClock,
 )
 from state_engine.runtime.worker_pool import ProcessJobRunner, worker_count
@@ -246,3 +249,34 @@ def test_a_prestarted_pool_loads_the_main_script_once_not_once_per_worker(tmp_pa
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["3", "False"]  # three workers ran the script's function
     assert runs.read_text().split() == ["__main__", "__mp_main__"]
+
+
+class _FreezeCount(KeyedProcessFunction):
+    def process(self, record: dict[str, Any], ctx: Context) -> None:
+        ctx.output(gc.get_freeze_count())
+
+
+def test_workers_keep_what_they_inherited_out_of_the_cycle_collectors_scans() -> None:
+    # A worker is forked with the forkserver's modules (and a preloaded main script's data) in
+    # memory: a collection walking those objects writes to their headers, copying every page
+    # the fork shared, on every full collection. The worker freezes them first (gc.freeze, as
+    # the gc docs advise for forked children); the single-thread runner leaves the user's
+    # process as it is.
+    counts = {}
+    for mode in ("threads", "processes"):
+        out = CollectedOutput()
+        job = Job(
+            f"frozen-{mode}",
+            make_source(2, 20),
+            user_of,
+            _FreezeCount(),
+            CollectSink(out),
+            parallelism=2,
+            backend=HeapBackendFactory(),
+            execution=mode,
+        )
+        with JobRunner(job) as r:
+            r.run()
+        counts[mode] = set(out.records)
+    assert counts["threads"] == {gc.get_freeze_count()}
+    assert min(counts["processes"]) > 0

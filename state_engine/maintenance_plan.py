@@ -29,10 +29,10 @@ def delta_chain(catalog: Catalog, job: str) -> DeltaChain:
 
     Read from the snapshot's ``_metadata``: every delta file carries its index in its subtask's
     chain (1 = the first delta on the base), so the count is the longest chain of any subtask.
-    The catalog's ``parent_id`` cannot say it: it names the checkpoint completed last when this
-    one was triggered, also for a checkpoint that wrote a new base, and with overlapping
-    checkpoints a delta may build on one still in flight then. A snapshot in another format
-    (canonical, e.g. compaction's output, or native) has no deltas.
+    The catalog's ``parent_id`` cannot say it: it links a delta to the checkpoint completed
+    last when it was triggered (none for a new base), one step, not the chain; and with
+    overlapping checkpoints a delta may build on one still in flight then. A snapshot in
+    another format (canonical, e.g. compaction's output, or native) has no deltas.
     """
     latest = catalog.latest_snapshot(job)
     if latest is None:

@@ -558,12 +558,15 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         *,
         bytes: int | None = None,
         entries: int | None = None,
+        standalone: bool = False,
     ) -> SnapshotRecord:
         """PENDING -> COMPLETED by compare-and-swap on the version the caller read.
 
         ``bytes`` defaults to the size of the attached files, ``entries`` to the recorded rows.
-        CommitConflict if another writer changed the snapshot since; InvalidSnapshotTransition if
-        it is not PENDING.
+        ``standalone``: it turned out to reuse no file of an earlier snapshot (an incremental
+        checkpoint that wrote a new base), so it has no parent, whatever ``begin_snapshot`` was
+        given. CommitConflict if another writer changed the snapshot since;
+        InvalidSnapshotTransition if it is not PENDING.
         """
         check_int(expected_version, "expected_version", 0)
         with self._write() as s:
@@ -594,6 +597,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 "bytes": check_int(int(bytes or 0), "bytes", 0),
                 "entries": check_int(int(entries or 0), "entries", 0),
             }
+            if standalone:
+                values["parent_id"] = None
             self._transition(
                 s,
                 snapshot_id,

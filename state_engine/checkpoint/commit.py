@@ -101,14 +101,20 @@ class PendingCommit:
         *,
         bytes: int | None = None,
         entries: int | None = None,
+        standalone: bool = False,
     ) -> SnapshotRecord:
         """Write ``_metadata`` (unless ``meta`` is None: it is in place already), then
-        PENDING -> COMPLETED by compare-and-swap; returns the COMPLETED record."""
+        PENDING -> COMPLETED by compare-and-swap; returns the COMPLETED record. ``standalone``:
+        it reuses no earlier snapshot's file, so the catalog records no parent."""
         if meta is not None:
             write_metadata(self.snapshot, None, meta)
         crash_point("commit.after_metadata")
         return self.catalog.complete_snapshot(
-            self.record.id, self.record.version, bytes=bytes, entries=entries
+            self.record.id,
+            self.record.version,
+            bytes=bytes,
+            entries=entries,
+            standalone=standalone,
         )
 
     def abort(

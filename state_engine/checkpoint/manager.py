@@ -479,6 +479,11 @@ class CheckpointManager:
                 results = [c.result(ctx, w) for c, w in zip(job.captures, written, strict=True)]
             finally:
                 self._release(job.captures)
+            # An incremental checkpoint whose every subtask wrote a new base reuses no file of
+            # the one it was begun on: it stands alone, with no parent in _metadata or catalog.
+            standalone = job.parent is not None and not any(r.files_reused for r in results)
+            if standalone:
+                job.parent = None
             ctx.check()
             crash_point("checkpoint.after_data_files")
             meta = self._metadata(job, results, op_files)
@@ -491,7 +496,9 @@ class CheckpointManager:
                 ctx.check()  # a cancel after this point is refused: the commit starts
                 job.committed = True
             total_bytes, entries = job.catalog_totals
-            record = job.commit.complete(meta, bytes=total_bytes, entries=entries)
+            record = job.commit.complete(
+                meta, bytes=total_bytes, entries=entries, standalone=standalone
+            )
             crash_point("checkpoint.after_complete")
         except BaseException as exc:
             if job.committed and self._completed_in_catalog(job.record.id):

@@ -94,6 +94,22 @@ def test_checkpoint_ids_count_up_and_are_unique_per_job(catalog: Catalog) -> Non
     assert len(catalog.list_snapshots("orders")) == 2
 
 
+def test_a_snapshot_completed_standalone_keeps_no_parent(catalog: Catalog) -> None:
+    # An incremental checkpoint is begun on the last completed one; if it wrote a new base
+    # (reused nothing), completing it standalone drops the link, in the record returned and
+    # in the row.
+    first = _begin(catalog)
+    done = catalog.complete_snapshot(first, 0)
+    delta = catalog.begin_snapshot("orders", location="d", parallelism=2, parent_id=first)
+    assert catalog.complete_snapshot(delta.id, delta.version).parent_id == first
+    base = catalog.begin_snapshot("orders", location="b", parallelism=2, parent_id=delta.id)
+    assert base.parent_id == delta.id
+    record = catalog.complete_snapshot(base.id, base.version, standalone=True)
+    assert record.parent_id is None and record.status == "COMPLETED"
+    assert catalog.get_snapshot(base.id) == record
+    assert catalog.get_snapshot(done.id).parent_id is None
+
+
 def test_bad_snapshot_arguments_are_refused(catalog: Catalog) -> None:
     catalog.register_job("orders", max_parallelism=128)
     with pytest.raises(InvalidCatalogInput, match="snapshot kind"):

@@ -45,6 +45,7 @@ def test_second_checkpoint_writes_what_changed(catalog, storage, tmp_path: Path,
         assert first.stats.bytes_written > 0
         assert second.stats.bytes_written < 0.2 * first.stats.bytes_written
         assert second.stats.files_reused > 0
+        assert record.parent_id == first.result().id  # the checkpoint whose files it reuses
         expected = observe(job, KEYS)
         meta = read_metadata(storage.snapshot(record.location))
         assert all(f.shared for f in meta.files if f.kind in (FileKind.NATIVE_SST, FileKind.DELTA))
@@ -64,10 +65,17 @@ def test_delta_chain_rebases_every_n_and_restores(catalog, storage, tmp_path: Pa
     reader = manager(catalog, storage, "delta")  # restoring resets a manager's chains
     with manager(catalog, storage, "delta", full_every=2, retained=2) as m:
         chain_lengths = []
+        previous = None
         for round_ in range(1, 6):
             record = m.trigger(job).result()
             meta = read_metadata(storage.snapshot(record.location))
             chain_lengths.append(max((f.chain_index or 0) for f in meta.files))
+            # a delta's parent is the checkpoint it builds on; a new base has none (in the
+            # catalog and in _metadata alike)
+            parent = previous if chain_lengths[-1] else None
+            assert catalog.get_snapshot(record.id).parent_id == (parent and parent.id)
+            assert meta.parent == (parent and parent.checkpoint_id)
+            previous = record
             # what the maintenance DAG's compaction decides on: a new base ends the count
             assert delta_chain(catalog, "job") == DeltaChain("job", record.id, chain_lengths[-1])
             expected = observe(job, KEYS[:300])

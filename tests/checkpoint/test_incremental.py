@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from state_engine.catalog import SnapshotRecord
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.errors import InvalidSnapshotRequest
@@ -65,7 +66,7 @@ def test_delta_chain_rebases_every_n_and_restores(catalog, storage, tmp_path: Pa
     reader = manager(catalog, storage, "delta")  # restoring resets a manager's chains
     with manager(catalog, storage, "delta", full_every=2, retained=2) as m:
         chain_lengths = []
-        previous = None
+        previous: SnapshotRecord | None = None
         for round_ in range(1, 6):
             record = m.trigger(job).result()
             meta = read_metadata(storage.snapshot(record.location))

@@ -9,10 +9,11 @@ the records of its key groups, instead of Flink's network exchange. The record c
 is then the same in every worker at every point, so a barrier is a record count: the parent runs
 every worker up to the next barrier, each stops exactly there, and the barrier is aligned on every
 channel by construction, with no channel state and no barrier travelling through a pipe. The cost
-is that every worker pays for reading and routing every record. Measured (CPU seconds of the
-busiest thread, bench/peers.py full size): reading and routing are ~38% of a record's cost at
-parallelism 1 on the counts workload and ~13% on the fraud workload, which bounds p=2 to ~1.35x
-and ~1.6x of p=1 on two otherwise idle cores. Routing in the parent instead would
+is that every worker pays for reading and routing every record. Measured (CPU seconds in one
+process, bench/peers.py's workloads at full size): reading and routing are ~36% of a record's
+cost at parallelism 1 on the counts workload and ~11% on the fraud workload, and one worker's
+share takes 0.72x / 0.55x of the parallelism-1 time, which bounds p=2 to ~1.4x and ~1.8x of p=1
+on two otherwise idle cores. Routing in the parent instead would
 pay the read once but add pickling in the parent and unpickling in a worker per record, on a
 third process sharing the same two cores (estimated no better on the counts workload).
 

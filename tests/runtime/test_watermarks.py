@@ -106,6 +106,8 @@ def test_watermark_matches_a_model_as_partitions_come_and_go(
 
 #: (partition, index, timestamp, watermark seen) of every record, in the order processed
 _SEEN: list[tuple[int, int, int, int]] = []
+#: the timestamps of the example at hand, per partition and index
+_TABLE: list[list[int]] = []
 
 
 class _SeesWatermark(KeyedProcessFunction):
@@ -117,9 +119,6 @@ class _SeesWatermark(KeyedProcessFunction):
 
 def _stamped(p: int, i: int, rng: random.Random) -> dict[str, Any]:
     return {"p": p, "i": i, "ts": _TABLE[p][i]}
-
-
-_TABLE: list[list[int]] = []
 
 
 @st.composite
@@ -156,7 +155,8 @@ def test_each_record_sees_the_minimum_over_partitions_of_what_was_read_before_it
         parallelism=parallelism,
         backend=HeapBackendFactory(),
     )
-    JobRunner(job).run()
+    with JobRunner(job) as runner:
+        runner.run()
     assert sorted((p, i) for p, i, _, _ in _SEEN) == [
         (p, i) for p in range(len(table)) for i in range(len(table[0]))
     ]

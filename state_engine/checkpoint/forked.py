@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from state_engine.checkpoint.storage import SnapshotDir
+from state_engine.collector import hold_frozen, release_frozen
 from state_engine.errors import CheckpointError
 
 T = TypeVar("T")
@@ -70,11 +71,12 @@ class ForkedWrite(Generic[T]):
             # Python 3.12+ warns about fork in a threaded process; the child only runs `work`
             # (pure Python and Arrow over the view) and then _exit()s.
             warnings.simplefilter("ignore", DeprecationWarning)
-            _freeze()  # the collector must not touch (and so copy) every page while the child runs
+            # the collector must not touch (and so copy) every page while the child runs
+            hold_frozen()
             try:
                 pid = os.fork()
             except BaseException:
-                _unfreeze()
+                release_frozen()
                 os.close(read_fd)
                 os.close(write_fd)
                 raise
@@ -147,7 +149,7 @@ class ForkedWrite(Generic[T]):
         try:
             _, self._status = os.waitpid(self.pid, 0)
         finally:
-            _unfreeze()
+            release_frozen()
 
     def _result(self) -> T:
         if self._outcome is None:
@@ -203,29 +205,13 @@ def reap_exited(*, block: bool = False) -> None:
             _exiting.extend(left)
 
 
-_frozen = 0
-_frozen_lock = threading.Lock()
-
-
-def _freeze() -> None:
-    global _frozen
-    with _frozen_lock:
-        _frozen += 1
-        gc.freeze()
-
-
-def _unfreeze() -> None:
-    global _frozen
-    with _frozen_lock:
-        _frozen -= 1
-        if _frozen == 0:
-            gc.unfreeze()
-
-
 def _child(work: Callable[[Callable[[str], None]], object], read_fd: int, write_fd: int) -> None:
     try:
         os.close(read_fd)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle
+        # short-lived and exits without cleanup: a collection here would only copy the pages
+        # it walks (the parent's objects it shares)
+        gc.disable()
 
         def send(kind: bytes, payload: bytes) -> None:
             data = _HEADER.pack(kind, len(payload)) + payload

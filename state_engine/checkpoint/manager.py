@@ -66,6 +66,7 @@ from state_engine.checkpoint.strategies import (
     SubtaskResult,
     WriteContext,
 )
+from state_engine.collector import collector_paused
 from state_engine.errors import (
     CheckpointError,
     CommitConflict,
@@ -837,15 +838,17 @@ class CheckpointManager:
         ``subtask_indexes``: restore only these subtasks of the new parallelism (default: all);
         ``RestoredState.subtasks`` then holds just those, in the given order.
         """
-        result = restore_snapshot(
-            self,
-            snapshot,
-            parallelism=parallelism,
-            factory=factory,
-            key_serializer=key_serializer,
-            clock=clock,
-            subtask_indexes=subtask_indexes,
-        )
+        # a heap state is built at once: kept out of the cyclic collector's walks (see collector)
+        with collector_paused(keep=True):
+            result = restore_snapshot(
+                self,
+                snapshot,
+                parallelism=parallelism,
+                factory=factory,
+                key_serializer=key_serializer,
+                clock=clock,
+                subtask_indexes=subtask_indexes,
+            )
         restored = result.restored
         self.parallelism = parallelism
         with self._lock:

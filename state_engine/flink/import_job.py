@@ -23,18 +23,16 @@ is written. A crash leaves at most one PENDING snapshot, which the next import c
 
 from __future__ import annotations
 
-import gc
 import posixpath
 import re
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
 from state_engine.catalog.records import SnapshotRecord
 from state_engine.checkpoint.storage import FileStore
+from state_engine.collector import collector_paused
 from state_engine.errors import (
     FlinkDirectoryClaimed,
     FlinkImportError,
@@ -375,24 +373,6 @@ def _summary(
     }
 
 
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Python's cyclic collector off for the block (and back to how it was after it).
-
-    An import builds a few objects per state handle (tens of thousands per incremental
-    checkpoint), none of them in a reference cycle; each allocation burst would otherwise trigger
-    full collections that walk every one of them again (about a fifth of an import's time).
-    Reference counting still frees everything as usual.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def import_flink(
     catalog: Catalog,
     paths: list[str],
@@ -401,7 +381,8 @@ def import_flink(
     storage_options: dict[str, Any] | None = None,
 ) -> ImportReport:
     """Import or sync the Flink directories ``paths`` as catalog job ``job`` (see module doc)."""
-    with _cyclic_gc_paused():
+    # an import builds a few objects per state handle, none of them in a cycle
+    with collector_paused():
         return _import(catalog, paths, job, storage_options)
 
 

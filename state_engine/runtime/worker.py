@@ -16,7 +16,6 @@ checkpoint (metadata, catalog) once every subtask's files are in.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import pickle
 import threading
@@ -33,6 +32,7 @@ from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
 from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
+from state_engine.collector import hold_frozen
 from state_engine.runtime.job import Job
 from state_engine.runtime.keyed_operator import KeyedProcessOperator
 from state_engine.runtime.runner import JobRunner, _Subtask, build_subtask
@@ -417,9 +417,9 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
     # What the worker inherited from the forkserver (the runtime's modules, a preloaded main
     # script's data) lives as long as the worker: keep it out of the cycle collector's full
     # scans, which would also write to (and so copy) every page the fork shared (the gc docs'
-    # advice for forked children; measured 4-7% of a fraud-workload worker's time). A forked
-    # checkpoint writer's gc.unfreeze() when its child ends returns them to the collector.
-    gc.freeze()
+    # advice for forked children; measured 4-7% of a fraud-workload worker's time). Held for
+    # the worker's life: the forked checkpoint writers' holds nest inside it.
+    hold_frozen()
     try:
         _arm(spec.env)
         if spec.cwd is not None:

@@ -256,18 +256,21 @@ class _FreezeCount(KeyedProcessFunction):
         ctx.output(gc.get_freeze_count())
 
 
-def test_workers_keep_what_they_inherited_out_of_the_cycle_collectors_scans() -> None:
+def test_workers_keep_what_they_inherited_out_of_the_cycle_collectors_scans(
+    tmp_path: Path, catalog: Any
+) -> None:
     # A worker is forked with the forkserver's modules (and a preloaded main script's data) in
     # memory: a collection walking those objects writes to their headers, copying every page
     # the fork shared, on every full collection. The worker freezes them first (gc.freeze, as
-    # the gc docs advise for forked children); the single-thread runner leaves the user's
-    # process as it is.
+    # the gc docs advise for forked children) for its whole life: the forked writers of its
+    # checkpoints (one every 5 records here), which freeze and unfreeze around their child,
+    # end nothing of it. The single-thread runner leaves the user's process as it is.
     counts = {}
     for mode in ("threads", "processes"):
         out = CollectedOutput()
         job = Job(
             f"frozen-{mode}",
-            make_source(2, 20),
+            make_source(2, 40),
             user_of,
             _FreezeCount(),
             CollectSink(out),
@@ -275,8 +278,14 @@ def test_workers_keep_what_they_inherited_out_of_the_cycle_collectors_scans() ->
             backend=HeapBackendFactory(),
             execution=mode,
         )
-        with JobRunner(job) as r:
-            r.run()
-        counts[mode] = set(out.records)
-    assert counts["threads"] == {gc.get_freeze_count()}
+        if mode == "threads":
+            with JobRunner(job) as r:
+                r.run()
+        else:
+            job = job.with_(checkpoint_interval_records=5)
+            with JobRunner(job, catalog=catalog, storage=str(tmp_path / "ck")) as r:
+                assert len(r.run().checkpoints) == 80 // 5 + 1
+        counts[mode] = out.records
+    assert set(counts["threads"]) == {gc.get_freeze_count()}
+    assert len(counts["processes"]) == 80
     assert min(counts["processes"]) > 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from state_engine.backends.heap import HeapKeyedStateBackend
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.collector import collector_paused, hold_frozen, release_frozen
@@ -112,7 +113,9 @@ def test_restoring_a_heap_state_runs_no_collection_and_leaves_it_old(
         assert seen == []
         assert observe(restored.subtasks, keys) == observe(job, keys)
         young = young_ids()
-        tables = restored.subtasks[0].keyed[OP]._tables_of  # the heap backend's slots
+        backend = restored.subtasks[0].keyed[OP]
+        assert isinstance(backend, HeapKeyedStateBackend)
+        tables = backend._tables_of  # the heap backend's slots
         assert not any(id(t) in young for slots in tables.values() for t in slots)
         close(restored.subtasks)
     close(job)

@@ -7,6 +7,11 @@ Configurations, all at parallelism 2 over the same generated stream:
   by a forked child (the default) and, for comparison, on the checkpoint thread (``*_thread``);
 - RocksDB, checkpoints off / native incremental (SSTs uploaded once into shared/).
 
+With ``--storage s3`` the checkpoints go to an S3 endpoint instead of local files: moto's server
+(a dev dependency, the one the cluster tests run) started on 127.0.0.1 for the run. There a
+forked child writes the heap files into a local spool that the checkpoint thread uploads
+(``*_thread``: the checkpoint thread writes them itself, the path before the spool existed).
+
 A checkpointed run includes everything a job pays: the synchronous phase on the task thread, the
 asynchronous write on the checkpoint thread (sharing the GIL), the catalog commit (SQLite) and
 retention. Target from the issue: checkpointing costs at most 20% of throughput, i.e. records/s
@@ -20,7 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +56,9 @@ CONFIGS: dict[str, tuple[str, str | None, bool, bool]] = {
 BASELINE = {"heap": "heap_off", "rocksdb": "rocksdb_off"}
 
 
-def run_once(name: str, stream: dict[str, int], work: Path, run: int) -> dict[str, Any]:
+def run_once(
+    name: str, stream: dict[str, int], work: Path, run: int, storage_root: str | None = None
+) -> dict[str, Any]:
     backend, fmt, incremental, fork_writer = CONFIGS[name]
     base = work / f"{name}-{run}"
     base.mkdir(parents=True)
@@ -73,7 +83,8 @@ def run_once(name: str, stream: dict[str, int], work: Path, run: int) -> dict[st
         url = f"sqlite:///{base / 'catalog.db'}"
         upgrade(url)
         catalog = Catalog.open(url)
-        kwargs = {"catalog": catalog, "storage": (base / "checkpoints").as_uri()}
+        where = (base / "checkpoints").as_uri() if storage_root is None else storage_root
+        kwargs = {"catalog": catalog, "storage": f"{where}/{name}-{run}"}
     try:
         started = time.perf_counter()
         with JobRunner(job, **kwargs) as runner:
@@ -97,6 +108,40 @@ def run_once(name: str, stream: dict[str, int], work: Path, run: int) -> dict[st
     }
 
 
+def start_s3(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """moto's S3 server on a free local port with a bucket; (process, checkpoint root URL)."""
+    import s3fs
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(work / "moto.log", "wb")  # noqa: SIM115 -- the server's, closed with the process
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_ENDPOINT_URL=url,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    deadline = time.monotonic() + 60
+    while True:  # the server answers once it listens
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise SystemExit(f"moto_server did not start; see {work / 'moto.log'}") from None
+            time.sleep(0.1)
+    s3fs.S3FileSystem(endpoint_url=url, key="bench", secret="bench").mkdir("bench")
+    return server, "s3://bench/checkpoints"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller stream, one run each")
@@ -105,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         default=",".join(CONFIGS),
         help="comma-separated configurations to run (a ratio needs its backend's baseline)",
+    )
+    parser.add_argument(
+        "--storage",
+        choices=("local", "s3"),
+        default="local",
+        help="where checkpoints go: local files, or S3 on a local moto server started here",
     )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
@@ -125,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     best: dict[str, dict[str, Any]] = {}
     work = Path(tempfile.mkdtemp(prefix="statekeeper-bench-demo-"))
+    s3 = start_s3(work) if args.storage == "s3" else None
     try:
         for run in range(repeat):
             for name in names:
-                r = run_once(name, stream, work, run)
+                r = run_once(name, stream, work, run, s3[1] if s3 else None)
                 print(
                     f"  run {run + 1} {name:<28} {r['records_per_s']:>8,} records/s "
                     f"({r['checkpoints']} checkpoints, {r['alerts']:,} alerts)",
@@ -137,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                 if name not in best or r["records_per_s"] > best[name]["records_per_s"]:
                     best[name] = r
     finally:
+        if s3 is not None:
+            s3[0].terminate()
+            s3[0].wait()
         shutil.rmtree(work, ignore_errors=True)
     alerts = {r["alerts"] for r in best.values()}
     if len(alerts) != 1:
@@ -162,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "bench": "demo",
                 "quick": args.quick,
+                "storage": args.storage,
                 "records": records,
                 "checkpoint_every": EVERY,
                 "results": list(best.values()),

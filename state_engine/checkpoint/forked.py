@@ -10,8 +10,10 @@ copies no state slot on its next writes either.
 
 Only for views that are plain Python objects (the heap backend's; a RocksDB handle and its
 background threads do not survive a fork) and for storage the child writes to the same place as
-the parent (local files; ``memory://`` would stay in the child, and remote file systems keep
-event-loop threads of their own). Linux only: elsewhere fork is unsafe in a process with threads.
+the parent: local files, or an object store through a local spool the parent uploads afterwards
+(``checkpoint.spool``: the child never uses the store's client, whose event-loop thread stays in
+the parent). ``memory://`` would stay in the child. Linux only: elsewhere fork is unsafe in a
+process with threads.
 
 The child reports every file it opens before it creates it, so a child that fails, dies or is
 cancelled (SIGKILL) leaves nothing the parent does not know about and remove.
@@ -54,6 +56,14 @@ def can_fork(snapshot: SnapshotDir) -> bool:
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False
     return snapshot.store.is_local
+
+
+def can_fork_to_spool(snapshot: SnapshotDir) -> bool:
+    """Whether a forked child may write the files of ``snapshot`` into a local spool that the
+    parent then uploads (an object store: see ``checkpoint.spool``)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return False
+    return snapshot.store.is_object_store
 
 
 class ForkedWrite(Generic[T]):

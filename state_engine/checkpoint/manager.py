@@ -15,6 +15,7 @@ ends DISCARDED.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import posixpath
 import threading
@@ -39,7 +40,7 @@ from state_engine.checkpoint.commit import (
     file_lease_name,
     reserve,
 )
-from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
+from state_engine.checkpoint.forked import ForkedWrite, can_fork, can_fork_to_spool, reap_exited
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
@@ -48,6 +49,7 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.restore import restore_snapshot
+from state_engine.checkpoint.spool import Spool
 from state_engine.checkpoint.state import (
     OPERATOR_STATE_PREFIX,
     RestoredState,
@@ -94,6 +96,9 @@ class SnapshotStats:
     full_bytes: int = 0
     sync_ms: float = 0.0
     async_ms: float = 0.0
+    #: who wrote the files: "thread" (the checkpoint thread), "fork" (a child forked at the
+    #: barrier) or "fork-spool" (such a child, into a local spool the thread then uploaded)
+    writer: str = "thread"
     #: why subsuming older checkpoints after this one completed failed (retried after the next
     #: completion); the checkpoint itself is COMPLETED either way
     retention_error: str | None = None
@@ -118,6 +123,8 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the forked child writing the files (heap views on local storage), started at the barrier
     child: ForkedWrite[Any] | None = None
+    #: where that child writes when the snapshot is on an object store (uploaded afterwards)
+    spool: Spool | None = None
     started: bool = False  # the checkpoint thread took the job up
 
 
@@ -314,7 +321,7 @@ class CheckpointManager:
             parent=parent,
             ctx=ctx,
         )
-        fork = self.fork_writer and can_fork(snap)
+        fork = self.fork_writer and (can_fork(snap) or can_fork_to_spool(snap))
         if fork and captures and all(c.forkable for c in captures):
             self._fork(job)
         job.stats.sync_ms = (time.perf_counter() - started) * 1000
@@ -328,13 +335,23 @@ class CheckpointManager:
     def _fork(self, job: _Job) -> None:
         """Start the child that writes the files, now: it holds the state as of this barrier, so
         the views are released at once and the task thread copies no slot on its next writes."""
+        spool = None
         try:
             for c in job.captures:
                 c.prepare(job.ctx)
-            job.child = ForkedWrite(lambda opened: self._write_files(job, opened))
+            # on an object store the child writes into a local spool; _forked_files uploads it
+            spool = None if can_fork(job.snapshot) else Spool(job.snapshot)
+            target = job.snapshot if spool is None else spool.snapshot
+            job.child = ForkedWrite(lambda opened: self._write_files(job, opened, target))
+            job.spool = spool
+            job.stats.writer = "fork" if spool is None else "fork-spool"
         except OSError:
+            if spool is not None:
+                spool.remove()
             return  # no fork (out of processes or memory): the checkpoint thread writes instead
         except BaseException as exc:
+            if spool is not None:
+                spool.remove()
             self._release(job.captures)
             for c in job.captures:
                 c.abandon()
@@ -511,6 +528,8 @@ class CheckpointManager:
                 c.abandon()
             if job.child is not None:
                 job.child.kill(ctx.created.append)  # files it reported are removed below
+            if job.spool is not None:
+                job.spool.remove()
             self._abandon(job.commit, exc, created=ctx.created)
             raise
         finally:
@@ -531,8 +550,18 @@ class CheckpointManager:
     def _forked_files(self, job: _Job) -> Any:
         assert job.child is not None
         ctx = job.ctx
-        got = job.child.wait(cancelled=ctx.cancelled.is_set, opened=ctx.created.append)
-        ctx.check()
+        try:
+            # the child reports snapshot-relative paths: in a spool they name the same files
+            got = job.child.wait(cancelled=ctx.cancelled.is_set, opened=ctx.created.append)
+            ctx.check()
+            if job.spool is not None and got is not None:
+                written, op_files = got
+                files = [f for w in written for f in w.files]
+                files += [f for per_subtask in op_files.values() for _, f in per_subtask]
+                job.spool.upload(files, ctx.check)
+        finally:
+            if job.spool is not None:
+                job.spool.remove()
         stale = [c for c in job.captures if not c.still_valid(ctx)]
         if stale:
             raise CheckpointError(
@@ -549,21 +578,24 @@ class CheckpointManager:
                 c.release()
 
     def _write_files(
-        self, job: _Job, opened: Callable[[str], None]
+        self, job: _Job, opened: Callable[[str], None], target: SnapshotDir | None = None
     ) -> tuple[list[Any], dict[str, list[tuple[int, SnapshotFile]]]]:
         """Every data file of the snapshot: keyed (per capture), then operator state. Runs in a
-        forked child when every capture allows it (one fork per snapshot)."""
+        forked child when every capture allows it (one fork per snapshot). ``target``: where
+        the files go (default the snapshot directory; a forked child's spool)."""
+        target = job.snapshot if target is None else target
+        ctx = job.ctx if target is job.snapshot else dataclasses.replace(job.ctx, snapshot=target)
         written = []
         for c in job.captures:
-            job.ctx.check()
-            written.append(c.write_files(job.ctx, opened))
-        job.ctx.check()
+            ctx.check()
+            written.append(c.write_files(ctx, opened))
+        ctx.check()
         op_files: dict[str, list[tuple[int, SnapshotFile]]] = {}
         for uid, per_subtask in job.operator_rows.items():
             for index, (rows, metas) in sorted(per_subtask.items()):
                 if not rows and not metas:
                     continue
-                f = write_operator_state(job.snapshot, rows, subtask=index, on_open=opened)
+                f = write_operator_state(target, rows, subtask=index, on_open=opened)
                 op_files.setdefault(uid, []).append((index, f))
         return written, op_files
 
@@ -899,6 +931,8 @@ class CheckpointManager:
             # as after a crash: its PENDING row and files stay for recovery and orphan cleanup
             if job.child is not None:
                 job.child.kill()
+            if job.spool is not None:
+                job.spool.remove()  # local only: what it held never reached the store
         reap_exited(block=True)  # the writers that delivered their files and were exiting
 
     def __enter__(self) -> CheckpointManager:

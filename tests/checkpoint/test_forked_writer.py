@@ -147,8 +147,8 @@ def test_a_snapshot_cancelled_while_the_child_writes_leaves_nothing(
         before = {f.path for f in storage.list_files("job")}
         real = CheckpointManager._write_files
 
-        def stalled(self, job_, opened):
-            written = real(self, job_, opened)  # every file written, then the child stalls
+        def stalled(self, job_, opened, target=None):
+            written = real(self, job_, opened, target)  # every file written, then it stalls
             marker.touch()
             signal.pause()
             return written

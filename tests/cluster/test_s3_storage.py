@@ -1,13 +1,31 @@
 """Checkpoint storage on a real S3 API (the session's endpoint): ``_metadata`` is committed once,
 by a conditional PUT that the store itself refuses to repeat, even for a writer that raced past
-the existence check; snapshot files are never overwritten either."""
+the existence check; snapshot files are never overwritten either; heap snapshots are written by
+a forked child into a local spool and uploaded."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from state_engine.checkpoint.manager import CheckpointManager
+from state_engine.checkpoint.metadata import read_metadata, verify
+from state_engine.checkpoint.spool import Spool
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotFileExists
+from state_engine.snapshot_enums import SnapshotStatus
+from tests.checkpoint.jobstate import (
+    add_operator_state,
+    apply,
+    close,
+    factory,
+    make_job,
+    observe,
+    operator_view,
+)
 
 
 @pytest.fixture
@@ -55,3 +73,78 @@ def test_listing_and_deleting_go_through_the_storage_api(stack, s3_storage) -> N
     assert s3_storage.remove_empty_dirs([snap.url_of("sub")], [stop]) == 0
     fs = stack.s3.fs()
     assert not fs.exists(f"{stack.s3.bucket}/storage-tests/listing/chk-1/sub/b.bin")
+
+
+def _spools() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("statekeeper-spool-*")}
+
+
+def test_heap_snapshots_on_s3_are_written_by_a_forked_child_through_a_spool(
+    stack, s3_storage, catalog, tmp_path: Path
+) -> None:
+    # On an object store the child forked at the barrier writes into a local spool and the
+    # checkpoint thread uploads it: the same snapshots as the checkpoint thread writing them
+    # itself, restorable from S3, and no spool left behind.
+    keys = [f"user-{i}" for i in range(800)]
+    before = _spools()
+    seen: dict[Any, Any] = {}
+    for fork_writer in (True, False):
+        name = f"spooled-{fork_writer}"
+        job = make_job("heap", tmp_path / name, 2, track_changes=True)
+        with CheckpointManager(
+            catalog, s3_storage, name, max_parallelism=128, parallelism=2, format="delta",
+            fork_writer=fork_writer,
+        ) as m:  # fmt: skip
+            writers, entries = [], []
+            for round_ in range(3):  # a base, then deltas on it
+                apply(job, keys[round_ * 150 : round_ * 150 + 500], round_=round_)
+                add_operator_state(job, tag=str(round_))
+                pending = m.trigger(job)
+                record = pending.result()
+                m.notify_checkpoint_complete()
+                writers.append(pending.stats.writer)
+                entries.append(record.entries)
+            assert writers == (["fork-spool"] * 3 if fork_writer else ["thread"] * 3)
+            assert record.location.startswith("s3://")
+            snap = SnapshotDir.from_url(record.location)
+            verify(snap, read_metadata(snap), deep=True)  # every file with its size and CRC32
+            restored = m.restore(record.id, parallelism=3, factory=factory("heap", tmp_path))
+            seen[fork_writer] = (entries, observe(restored.subtasks, keys))
+            seen[fork_writer, "operator"] = operator_view(restored.subtasks)
+            close(restored.subtasks)
+        assert seen[fork_writer][1] == observe(job, keys)
+        close(job)
+    assert seen[True] == seen[False]
+    assert seen[True, "operator"] == seen[False, "operator"]
+    assert _spools() == before
+
+
+def test_a_failed_upload_keeps_nothing_of_the_snapshot_on_s3_or_in_the_spool(
+    stack, s3_storage, catalog, tmp_path: Path, monkeypatch
+) -> None:
+    job = make_job("heap", tmp_path / "job", 2)
+    apply(job, [f"user-{i}" for i in range(300)])
+    before = _spools()
+    calls = []
+    real = Spool.upload
+
+    def upload_fails_after_one_file(self: Spool, files, check) -> None:
+        files = list(files)
+        real(self, files[:1], check)
+        calls.append(len(files))
+        raise OSError("connection reset by the store")
+
+    monkeypatch.setattr(Spool, "upload", upload_fails_after_one_file)
+    with CheckpointManager(
+        catalog, s3_storage, "failed-upload", max_parallelism=128, parallelism=2
+    ) as m:
+        pending = m.trigger(job)
+        with pytest.raises(OSError, match="connection reset"):
+            pending.result()
+        assert pending.stats.writer == "fork-spool"
+        record = catalog.get_snapshot(pending.snapshot_id)
+    assert calls and calls[0] > 1
+    assert record.status is SnapshotStatus.DISCARDED
+    assert s3_storage.list_files("failed-upload") == []
+    assert _spools() == before
+    close(job)

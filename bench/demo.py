@@ -115,12 +115,13 @@ def start_s3(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    log = open(work / "moto.log", "wb")  # noqa: SIM115 -- the server's, closed with the process
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    moto = str(Path(sys.executable).with_name("moto_server"))
+    with open(work / "moto.log", "wb") as log:  # the server keeps its own descriptor
+        server = subprocess.Popen(
+            [moto, "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench",

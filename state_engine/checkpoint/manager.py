@@ -121,7 +121,7 @@ class _Job:
     catalog_totals: tuple[int, int] = (0, 0)  # bytes of the attached files, entries recorded
     committed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: the forked child writing the files (heap views on local storage), started at the barrier
+    #: the forked child writing the files (heap views), started at the barrier
     child: ForkedWrite[Any] | None = None
     #: where that child writes when the snapshot is on an object store (uploaded afterwards)
     spool: Spool | None = None

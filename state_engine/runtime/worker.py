@@ -21,15 +21,16 @@ import pickle
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from state_engine import faults
 from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.backends.rocksdb.snapshot import NativeSnapshotStrategy
-from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
+from state_engine.checkpoint.forked import ForkedWrite, can_fork, can_fork_to_spool, reap_exited
 from state_engine.checkpoint.registry import SharedStateRegistry
+from state_engine.checkpoint.spool import Spool
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
 from state_engine.collector import hold_frozen
@@ -324,19 +325,33 @@ class WorkerRunner(JobRunner):
 
         work: Callable[[], Any]
         child: ForkedWrite[Any] | None = None
-        if self.job.fork_writer and capture.forkable and can_fork(snap):
+        spool: Spool | None = None
+        forkable = can_fork(snap) or can_fork_to_spool(snap)
+        if self.job.fork_writer and capture.forkable and forkable:
             try:
                 capture.prepare(ctx)
-                child = ForkedWrite(lambda report: capture.write_files(ctx, report))
+                # on an object store the child writes into a local spool, uploaded below
+                spool = None if can_fork(snap) else Spool(snap)
+                into = ctx if spool is None else replace(ctx, snapshot=spool.snapshot)
+                child = ForkedWrite(lambda report: capture.write_files(into, report))
             except OSError:
                 child = None
+                if spool is not None:
+                    spool.remove()
             else:
                 capture.release()
         if child is not None:
-            forked = child
+            forked, spooled = child, spool
 
             def work() -> Any:
-                return forked.wait(cancelled=lambda: False, opened=opened)
+                try:
+                    written = forked.wait(cancelled=lambda: False, opened=opened)
+                    if spooled is not None and written is not None:
+                        spooled.upload(written.files, ctx.check)
+                    return written
+                finally:
+                    if spooled is not None:
+                        spooled.remove()
         else:
 
             def work() -> Any:
@@ -401,11 +416,12 @@ def pickled_error(exc: BaseException) -> bytes:
 
 
 def _arm(env: dict[str, str]) -> None:
-    """Take the parent's STATEKEEPER_* environment, and arm its crash points here (the fault
-    module read the environment of the process this one was forked from)."""
-    for name in [n for n in os.environ if n.startswith("STATEKEEPER_")]:
-        if name not in env:
-            del os.environ[name]
+    """Take the job process's environment as it was when the job started, and arm its crash
+    points here. A worker is forked from the pool's forkserver, which kept the environment of
+    when it started: storage credentials (``AWS_*``...), ``STATEKEEPER_*`` settings and crash
+    points set since would otherwise never reach it (the fault module read the old one too)."""
+    for name in [n for n in os.environ if n not in env]:
+        del os.environ[name]
     os.environ.update(env)
     faults._ARMED = faults.parse(os.environ.get(faults.ENV_VAR, ""))
     faults._HITS.clear()

@@ -260,7 +260,7 @@ class _Workers:
         try:
             for w in range(n):
                 ours, theirs = ctx.Pipe()
-                env = {k: v for k, v in os.environ.items() if k.startswith("STATEKEEPER_")}
+                env = dict(os.environ)  # as the job's process has it now (see worker._arm)
                 spec = WorkerSpec(job, p, self.owned[w], runner.attempt, restore, env, os.getcwd())
                 proc = ctx.Process(
                     target=worker_main, args=(theirs, spec), name=f"{job.name}-worker-{w}"

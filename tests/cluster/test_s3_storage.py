@@ -11,11 +11,20 @@ from typing import Any
 
 import pytest
 
+from state_engine.checkpoint import HeapBackendFactory
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import read_metadata, verify
 from state_engine.checkpoint.spool import Spool
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotFileExists
+from state_engine.runtime import (
+    CollectedOutput,
+    CollectSink,
+    Job,
+    JobRunner,
+    RecordTimestampClock,
+)
+from state_engine.runtime.worker_pool import prestart
 from state_engine.snapshot_enums import SnapshotStatus
 from tests.checkpoint.jobstate import (
     add_operator_state,
@@ -26,6 +35,7 @@ from tests.checkpoint.jobstate import (
     observe,
     operator_view,
 )
+from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
 
 @pytest.fixture
@@ -148,3 +158,43 @@ def test_a_failed_upload_keeps_nothing_of_the_snapshot_on_s3_or_in_the_spool(
     assert s3_storage.list_files("failed-upload") == []
     assert _spools() == before
     close(job)
+
+
+def test_a_job_in_worker_processes_checkpoints_to_s3_like_one_in_a_thread(
+    stack, s3_storage, catalog, monkeypatch
+) -> None:
+    # The S3 credentials are set after the worker pool's forkserver started: the workers take
+    # the job process's environment as it is when the job starts, write their subtasks' heap
+    # files through forked children into local spools, and upload them; the run equals the
+    # single-thread one, and every checkpoint on S3 verifies.
+    for name in stack.s3.env:
+        monkeypatch.delenv(name, raising=False)
+    prestart()  # (no effect if an earlier test started it: then it lacks them too, or has them)
+    for name, value in stack.s3.env.items():
+        monkeypatch.setenv(name, value)
+    before = _spools()
+    runs = {}
+    for mode in ("threads", "processes"):
+        out = CollectedOutput()
+        job = Job(
+            f"s3-{mode}",
+            make_source(4, 150),
+            user_of,
+            UserActivity(),
+            CollectSink(out),
+            parallelism=2,
+            backend=HeapBackendFactory(),
+            clock=RecordTimestampClock(),
+            execution=mode,
+            checkpoint_interval_records=130,
+        )
+        storage = f"s3://{stack.s3.bucket}/storage-tests/{mode}"
+        with JobRunner(job, catalog=catalog, storage=storage) as runner:
+            result = runner.run()
+            runs[mode] = (multiset(out.records), state_set(runner.state_entries()))
+        assert len(result.checkpoints) == 600 // 130 + 1 and not result.failed_checkpoints
+        for record in result.checkpoints[-2:]:  # the ones retention kept
+            snap = SnapshotDir.from_url(record.location)
+            verify(snap, read_metadata(snap), deep=True)
+    assert runs["processes"] == runs["threads"]
+    assert _spools() == before

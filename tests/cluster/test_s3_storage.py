@@ -19,10 +19,7 @@ from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotFileExists
 from state_engine.runtime import (
     CollectedOutput,
-    CollectSink,
-    Job,
     JobRunner,
-    RecordTimestampClock,
 )
 from state_engine.runtime.worker_pool import prestart
 from state_engine.snapshot_enums import SnapshotStatus
@@ -35,7 +32,7 @@ from tests.checkpoint.jobstate import (
     observe,
     operator_view,
 )
-from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
+from tests.runtime.sk_runtime_jobs import multiset, proof_job, state_set
 
 
 @pytest.fixture
@@ -176,17 +173,8 @@ def test_a_job_in_worker_processes_checkpoints_to_s3_like_one_in_a_thread(
     runs = {}
     for mode in ("threads", "processes"):
         out = CollectedOutput()
-        job = Job(
-            f"s3-{mode}",
-            make_source(4, 150),
-            user_of,
-            UserActivity(),
-            CollectSink(out),
-            parallelism=2,
-            backend=HeapBackendFactory(),
-            clock=RecordTimestampClock(),
-            execution=mode,
-            checkpoint_interval_records=130,
+        job = proof_job(2, HeapBackendFactory(), out, mode, checkpoint_interval_records=130).with_(
+            name=f"s3-{mode}"
         )
         storage = f"s3://{stack.s3.bucket}/storage-tests/{mode}"
         with JobRunner(job, catalog=catalog, storage=storage) as runner:

@@ -9,9 +9,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from state_engine.runtime import (
+    CollectedOutput,
+    CollectSink,
     Context,
     GeneratorSource,
+    Job,
     KeyedProcessFunction,
+    RecordTimestampClock,
     RuntimeContext,
     WatermarkStrategy,
 )
@@ -137,3 +141,28 @@ def state_set(entries: Iterable[StateEntry]) -> set[tuple[Any, ...]]:
     """Rows compared as (key, namespace, state, user key, value, expires_at): not key group or
     hash (they follow from the key) and not row order."""
     return {(e.key, e.namespace, e.state, e.user_key, e.value, e.expires_at) for e in entries}
+
+
+def proof_job(
+    p: int,
+    backend: Any,
+    out: CollectedOutput,
+    execution: str | None = None,
+    *,
+    per_partition: int = 150,
+    **kw: Any,
+) -> Job:
+    """The proof job over 4 partitions of ``per_partition`` records at parallelism ``p``; its
+    output in ``out``."""
+    return Job(
+        "proof",
+        make_source(4, per_partition),
+        user_of,
+        UserActivity(),
+        CollectSink(out),
+        parallelism=p,
+        backend=backend,
+        clock=RecordTimestampClock(),
+        execution=execution,
+        **kw,
+    )

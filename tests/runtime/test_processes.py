@@ -21,22 +21,14 @@ from state_engine.runtime import (
     RecordTimestampClock,
 )
 from state_engine.runtime.worker_pool import ProcessJobRunner, worker_count
-from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
-
-
-def proof_job(p: int, backend: Any, out: CollectedOutput, execution: str, **kw: Any) -> Job:
-    return Job(
-        "proof",
-        make_source(4, 150),
-        user_of,
-        UserActivity(),
-        CollectSink(out),
-        parallelism=p,
-        backend=backend,
-        clock=RecordTimestampClock(),
-        execution=execution,
-        **kw,
-    )
+from tests.runtime.sk_runtime_jobs import (
+    UserActivity,
+    make_source,
+    multiset,
+    proof_job,
+    state_set,
+    user_of,
+)
 
 
 def run_job(job: Job, out: CollectedOutput, **runner: Any) -> tuple[Any, Any, Any]:

@@ -16,7 +16,6 @@ from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import assign_to_key_group
 from state_engine.runtime import (
     CollectedOutput,
-    CollectSink,
     Context,
     FileSink,
     Job,
@@ -24,32 +23,16 @@ from state_engine.runtime import (
     JsonlSource,
     KeyedProcessFunction,
     ParquetSource,
-    RecordTimestampClock,
     RuntimeContext,
     WatermarkStrategy,
 )
 from state_engine.state import ValueStateDescriptor
 from tests.runtime.sk_runtime_jobs import (
-    UserActivity,
     expected_output,
-    make_source,
     multiset,
+    proof_job,
     state_set,
-    user_of,
 )
-
-
-def proof_job(p: int, backend: Any, out: CollectedOutput, per_partition: int = 150) -> Job:
-    return Job(
-        "proof",
-        make_source(4, per_partition),
-        user_of,
-        UserActivity(),
-        CollectSink(out),
-        parallelism=p,
-        backend=backend,
-        clock=RecordTimestampClock(),
-    )
 
 
 def test_output_and_state_do_not_depend_on_parallelism_or_backend(tmp_path: Path) -> None:

@@ -52,18 +52,11 @@ class SnapshotWriterDied(CheckpointError):
 
 
 def can_fork(snapshot: SnapshotDir) -> bool:
-    """Whether files of ``snapshot`` may be written by a forked child (see the module doc)."""
+    """Whether files of ``snapshot`` may be written by a forked child (see the module doc): on
+    local storage directly, on an object store through ``checkpoint.spool.spool_for``."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False
-    return snapshot.store.is_local
-
-
-def can_fork_to_spool(snapshot: SnapshotDir) -> bool:
-    """Whether a forked child may write the files of ``snapshot`` into a local spool that the
-    parent then uploads (an object store: see ``checkpoint.spool``)."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return False
-    return snapshot.store.is_object_store
+    return snapshot.store.is_local or snapshot.store.is_object_store
 
 
 class ForkedWrite(Generic[T]):

@@ -40,7 +40,7 @@ from state_engine.checkpoint.commit import (
     file_lease_name,
     reserve,
 )
-from state_engine.checkpoint.forked import ForkedWrite, can_fork, can_fork_to_spool, reap_exited
+from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
 from state_engine.checkpoint.metadata import (
     OperatorSnapshot,
     SnapshotFile,
@@ -49,7 +49,7 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.restore import restore_snapshot
-from state_engine.checkpoint.spool import Spool
+from state_engine.checkpoint.spool import Spool, spool_for
 from state_engine.checkpoint.state import (
     OPERATOR_STATE_PREFIX,
     RestoredState,
@@ -321,7 +321,7 @@ class CheckpointManager:
             parent=parent,
             ctx=ctx,
         )
-        fork = self.fork_writer and (can_fork(snap) or can_fork_to_spool(snap))
+        fork = self.fork_writer and can_fork(snap)
         if fork and captures and all(c.forkable for c in captures):
             self._fork(job)
         job.stats.sync_ms = (time.perf_counter() - started) * 1000
@@ -340,7 +340,7 @@ class CheckpointManager:
             for c in job.captures:
                 c.prepare(job.ctx)
             # on an object store the child writes into a local spool; _forked_files uploads it
-            spool = None if can_fork(job.snapshot) else Spool(job.snapshot)
+            spool = spool_for(job.snapshot)
             target = job.snapshot if spool is None else spool.snapshot
             job.child = ForkedWrite(lambda opened: self._write_files(job, opened, target))
             job.spool = spool

@@ -27,6 +27,12 @@ from state_engine.errors import CheckpointError
 _CHUNK = 4 << 20
 
 
+def spool_for(target: SnapshotDir) -> Spool | None:
+    """Where a forked child writes ``target``'s files: a spool for an object store, None for
+    local storage (the child writes the snapshot directory itself)."""
+    return None if target.store.is_local else Spool(target)
+
+
 class Spool:
     """A local directory laid out as ``target``'s job directory (``<root>/job/<snapshot>``)."""
 

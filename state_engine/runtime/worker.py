@@ -28,9 +28,9 @@ from state_engine import faults
 from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.backends.rocksdb.snapshot import NativeSnapshotStrategy
-from state_engine.checkpoint.forked import ForkedWrite, can_fork, can_fork_to_spool, reap_exited
+from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
 from state_engine.checkpoint.registry import SharedStateRegistry
-from state_engine.checkpoint.spool import Spool
+from state_engine.checkpoint.spool import Spool, spool_for
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
 from state_engine.collector import hold_frozen
@@ -326,12 +326,11 @@ class WorkerRunner(JobRunner):
         work: Callable[[], Any]
         child: ForkedWrite[Any] | None = None
         spool: Spool | None = None
-        forkable = can_fork(snap) or can_fork_to_spool(snap)
-        if self.job.fork_writer and capture.forkable and forkable:
+        if self.job.fork_writer and capture.forkable and can_fork(snap):
             try:
                 capture.prepare(ctx)
                 # on an object store the child writes into a local spool, uploaded below
-                spool = None if can_fork(snap) else Spool(snap)
+                spool = spool_for(snap)
                 into = ctx if spool is None else replace(ctx, snapshot=spool.snapshot)
                 child = ForkedWrite(lambda report: capture.write_files(into, report))
             except OSError:

@@ -40,6 +40,8 @@ from state_engine.state.ttl import INT64_MIN, Clock, SystemClock, TtlTimeDomain
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    import pyarrow as pa
+
     from state_engine.checkpoint.metadata import SnapshotFile
     from state_engine.checkpoint.strategies import Capture, WriteContext
     from state_engine.snapshot_enums import SnapshotFormat
@@ -85,9 +87,10 @@ class ClaimingStrategy(SnapshotStrategy, Protocol):
     the whole state again at the first checkpoint.
     """
 
-    def claim(self, files: Sequence[SnapshotFile]) -> bool:
+    def claim(self, files: Sequence[SnapshotFile], rows: pa.Table | None = None) -> bool:
         """Continue from ``files`` (the old subtask's, as in ``_metadata``); False: they are not
-        this strategy's format, and the next checkpoint starts over."""
+        this strategy's format, and the next checkpoint starts over. ``rows``: the canonical
+        rows the restore read from them, when it built them as one table (a folded chain)."""
 
 
 class ChangedKey(NamedTuple):

@@ -227,8 +227,12 @@ def fold_tables(base: pa.Table | None, deltas: Sequence[pa.Table]) -> pa.Table:
     np.maximum.at(last, ident, rows)
     last = last[last >= 0]  # ids are bounded, not dense
     winners = last[op[last] == PUT]
+    # chain order within a key group (list elements need it), key groups ascending: one take
     winners.sort()
-    return _in_key_group_order(chain.take(arrow_array(winners)).select(KEYED_SCHEMA.names))
+    kg = int_values(chain.column("key_group"))[winners]
+    if len(kg) > 1 and (kg[1:] < kg[:-1]).any():
+        winners = winners[np.argsort(kg, kind="stable")]
+    return chain.select(KEYED_SCHEMA.names).take(arrow_array(winners))
 
 
 def _in_key_group_order(table: pa.Table) -> pa.Table:

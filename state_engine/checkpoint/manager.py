@@ -26,6 +26,8 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from state_engine.backends.base import ClaimingStrategy, KeyedStateBackend, SnapshotStrategy
 from state_engine.catalog.records import FileRecord, KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
@@ -891,7 +893,7 @@ class CheckpointManager:
                     self._owned[rec.id] = rec
                     self._last_completed = rec
                     self.registry.register(result.shared_files)
-                    self._claim_chains(restored, result.unchanged_subtask_files)
+                    self._claim_chains(restored, result.unchanged_subtask_files, result.folded)
                 self._force_full = False
             else:
                 # NO_CLAIM: the restored snapshot stays the user's even if this manager wrote it
@@ -905,9 +907,11 @@ class CheckpointManager:
         self,
         restored: RestoredState,
         unchanged: Mapping[tuple[str, int], Sequence[SnapshotFile]],
+        folded: Mapping[tuple[str, int], pa.Table],
     ) -> None:
         """Let each restored backend whose key-group range did not change continue from its
-        old subtask's files (a heap delta chain: the next delta holds only new changes)."""
+        old subtask's files (a heap delta chain: the next delta holds only new changes, and
+        the first checkpoint rewrites the chain as the base the restore folded)."""
         fmt = self._format_for(SnapshotKind.CHECKPOINT, None)
         for st in restored.subtasks:
             for uid, backend in st.keyed.items():
@@ -919,7 +923,7 @@ class CheckpointManager:
                 with contextlib.suppress(InvalidSnapshotRequest):
                     strategy = backend.snapshot_strategy(fmt)
                     if isinstance(strategy, ClaimingStrategy):
-                        strategy.claim(files)
+                        strategy.claim(files, folded.get((uid, st.subtask_index)))
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the checkpoint thread (after the snapshots in flight, with ``wait``)."""

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from state_engine.backends.base import KeyedStateBackend
 from state_engine.backends.operator_state import (
@@ -184,6 +186,8 @@ class RestoreResult:
     restored: RestoredState
     shared_files: list[SnapshotFile]
     unchanged_subtask_files: dict[tuple[str, int], list[SnapshotFile]]
+    #: per (operator uid, new subtask index) restored from a delta chain: the folded rows
+    folded: dict[tuple[str, int], pa.Table] = field(default_factory=dict)
 
 
 def restore_snapshot(
@@ -246,6 +250,7 @@ def restore_snapshot(
         record = register_savepoint(manager, snap, meta)
     subtasks = [SubtaskState(i) for i in wanted]
     stats = [ReadStats() for _ in wanted]
+    folded: dict[tuple[str, int], pa.Table] = {}
     try:
         for op, key_ser, keyed, operator in plans:
             if operator or op.operator_state_files:
@@ -260,7 +265,7 @@ def restore_snapshot(
                 rng = compute_key_group_range_for_operator_index(
                     meta.max_parallelism, parallelism, st.subtask_index
                 )
-                st.keyed[op.operator_id] = _restore_keyed(
+                st.keyed[op.operator_id], folded_rows = _restore_keyed(
                     manager,
                     snap,
                     meta,
@@ -273,6 +278,8 @@ def restore_snapshot(
                     clock,
                     st_stats,
                 )
+                if folded_rows is not None:
+                    folded[(op.operator_id, st.subtask_index)] = folded_rows
     except BaseException:
         for st in subtasks:
             for b in st.keyed.values():
@@ -284,6 +291,7 @@ def restore_snapshot(
         restored,
         [f for f in meta.files if f.shared],
         _unchanged_subtask_files(meta, parallelism, wanted),
+        folded,
     )
 
 
@@ -327,7 +335,9 @@ def _restore_keyed(
     keyed: dict[str, StateMetaInfo],
     clock: Any,
     stats: ReadStats,
-) -> KeyedStateBackend:
+) -> tuple[KeyedStateBackend, pa.Table | None]:
+    """The keyed backend of new subtask ``index`` (key groups ``rng``), and the rows a delta
+    chain folded to (None for other formats)."""
     max_p = meta.max_parallelism
     sources = [s for s in op.subtasks if not _overlap(s, rng).is_empty]
     kinds = {s.index: {meta.file(p).kind for p in s.files} for s in sources}
@@ -353,6 +363,7 @@ def _restore_keyed(
             rest = [s for s in sources if s is not base]
     if backend is None:
         backend = factory.create(op.operator_id, index, key_ser, max_p, rng, clock)
+    folded = None
     try:
         canonical_files: list[SnapshotFile] = []
         # A delta snapshot is folded whole: read_folded_table reads every subtask's base (a
@@ -388,4 +399,4 @@ def _restore_keyed(
     except BaseException:
         backend.close()
         raise
-    return backend
+    return backend, folded

@@ -8,11 +8,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from state_engine.checkpoint.delta import read_folded_table
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.checkpoint.state import RestoreMode
@@ -194,7 +196,19 @@ def test_claim_owns_the_restored_snapshot(catalog, storage, tmp_path: Path):
     close(job)
 
 
-def test_claim_continues_a_heap_delta_chain_where_key_groups_stay(catalog, storage, tmp_path):
+def _keyed_rows(storage, record) -> pa.Table:
+    """The rows of one snapshot's base files, in a canonical order."""
+    snap = storage.snapshot(record.location)
+    files = [f for f in read_metadata(snap).files if f.kind is FileKind.KEYED]
+    tables = [pq.read_table(snap.fs.open(snap.resolve(f.path), "rb")) for f in files]
+    names = ["key_group", "key", "namespace", "state", "user_key", "value"]
+    table = pa.concat_tables(t.select(names) for t in tables)
+    return table.sort_by([(n, "ascending") for n in names])
+
+
+def test_claim_compacts_a_heap_delta_chain_into_the_first_checkpoints_base(
+    catalog, storage, tmp_path
+):
     job = make_job("heap", tmp_path / "a", 2, track_changes=True)
     apply(job, KEYS)
     with manager(catalog, storage, "delta", incremental=True) as m:
@@ -213,15 +227,28 @@ def test_claim_continues_a_heap_delta_chain_where_key_groups_stay(catalog, stora
         first = m2.trigger(restored.subtasks)
         record = first.result()
         meta = read_metadata(storage.snapshot(record.location))
-        new = [f for f in meta.files if f.path not in {g.path for g in old.files}]
-        # the restored base and delta are referenced again; the only new keyed files are
-        # second deltas holding the 30 keys changed since the restore
-        assert first.stats.files_reused == len([f for f in old.files if f.shared])
-        assert {f.kind for f in new} <= {FileKind.DELTA, FileKind.OPERATOR}
-        assert {f.chain_index for f in new if f.kind is FileKind.DELTA} == {2}
-        base_rows = sum(f.rows or 0 for f in old.files if f.kind is FileKind.KEYED)
-        assert sum(f.rows or 0 for f in new if f.kind is FileKind.DELTA) < base_rows / 20
+        # the restored chain (base + delta) is written once as a new base, as the restore
+        # folded it, under a delta of the 30 keys changed since the restore
+        assert first.stats.files_reused == 0
+        assert not {f.path for f in meta.files} & {f.path for f in old.files}
+        bases = [f for f in meta.files if f.kind is FileKind.KEYED]
+        deltas = [f for f in meta.files if f.kind is FileKind.DELTA]
+        assert len(bases) == 2 and all(f.shared for f in bases)
+        assert {f.chain_index for f in deltas} == {1}
+        base_rows = sum(f.rows or 0 for f in bases)
+        assert 0 < sum(f.rows or 0 for f in deltas) < base_rows / 20
+        # the new base holds exactly the restored rows: the old chain folded
+        old_snap = storage.snapshot(last.location)
+        names = ["key_group", "key", "namespace", "state", "user_key", "value"]
+        chain = read_folded_table(old_snap, old, (0, 127), operator=OP).select(names)
+        assert _keyed_rows(storage, record).equals(chain.sort_by([(n, "ascending") for n in names]))
+        # the next checkpoint continues the new chain: base and delta referenced again
         expected = observe(restored.subtasks, KEYS)
+        apply(restored.subtasks, KEYS[200:210], round_=3)
+        second = m2.trigger(restored.subtasks)
+        after = read_metadata(storage.snapshot(second.result().location))
+        assert second.stats.files_reused == len(bases) + len(deltas)
+        assert {f.chain_index for f in after.files if f.kind is FileKind.DELTA} == {1, 2}
         for p in (2, 3):
             again = m2.restore(record.id, parallelism=p, factory=factory("heap", tmp_path))
             assert observe(again.subtasks, KEYS) == expected
@@ -239,6 +266,66 @@ def test_claim_continues_a_heap_delta_chain_where_key_groups_stay(catalog, stora
         assert full.stats.files_reused == 0
         close(rescaled.subtasks)
     close(job)
+
+
+def _claimed(catalog, storage, tmp_path: Path, deltas: int):
+    """A heap job checkpointed as a base and ``deltas`` deltas, restored in CLAIM mode by a
+    second manager (returned open, with the restored subtasks and the claimed record)."""
+    job = make_job("heap", tmp_path / "a", 2, track_changes=True)
+    apply(job, KEYS)
+    with manager(catalog, storage, "delta", incremental=True) as m:
+        last = m.trigger(job).result()
+        for round_ in range(deltas):
+            apply(job, KEYS[:40], round_=round_ + 1)
+            last = m.trigger(job).result()
+    close(job)
+    m2 = manager(catalog, storage, "delta", incremental=True, retained=2)
+    restored = m2.restore(
+        last.id,
+        parallelism=2,
+        factory=factory("heap", tmp_path / "b", track_changes=True),
+        mode=RestoreMode.CLAIM,
+    )
+    return m2, restored, read_metadata(storage.snapshot(last.location))
+
+
+def test_claim_of_a_bare_base_continues_it(catalog, storage, tmp_path: Path):
+    m2, restored, old = _claimed(catalog, storage, tmp_path, deltas=0)
+    with m2:
+        apply(restored.subtasks, KEYS[100:130], round_=2)
+        first = m2.trigger(restored.subtasks)
+        meta = read_metadata(storage.snapshot(first.result().location))
+        # nothing to compact: the base is referenced again under a first delta
+        assert first.stats.files_reused == len([f for f in old.files if f.shared])
+        new = [f for f in meta.files if f.path not in {g.path for g in old.files}]
+        assert {f.chain_index for f in new if f.kind is FileKind.DELTA} == {1}
+        assert not [f for f in new if f.kind is FileKind.KEYED]
+    close(restored.subtasks)
+
+
+def test_a_compaction_whose_checkpoint_failed_is_written_by_the_next(
+    catalog, storage, tmp_path: Path
+):
+    m2, restored, old = _claimed(catalog, storage, tmp_path, deltas=2)
+    with m2:
+        apply(restored.subtasks, KEYS[100:130], round_=3)
+        gate = threading.Event()
+        m2._executor.submit(gate.wait)  # hold the checkpoint thread
+        lost = m2.trigger(restored.subtasks)
+        assert lost.cancel()
+        gate.set()
+        with pytest.raises(SnapshotCancelled):
+            lost.result()
+        apply(restored.subtasks, KEYS[300:310], round_=4)
+        record = m2.trigger(restored.subtasks).result()
+        meta = read_metadata(storage.snapshot(record.location))
+        assert not {f.path for f in meta.files} & {f.path for f in old.files}
+        assert {f.chain_index for f in meta.files if f.kind is FileKind.DELTA} == {1}
+        expected = observe(restored.subtasks, KEYS)
+        again = m2.restore(record.id, parallelism=3, factory=factory("heap", tmp_path))
+        assert observe(again.subtasks, KEYS) == expected
+        close(again.subtasks)
+    close(restored.subtasks)
 
 
 @pytest.mark.parametrize("kind,fmt", [("heap", "canonical"), ("rocksdb", "native")])

@@ -13,6 +13,12 @@ Checkpoints may overlap (``max_concurrent_checkpoints``): each delta builds on t
 still in flight. While one in flight writes a new base, the next extends the old chain instead of
 writing the whole state a second time.
 
+After a restore in CLAIM mode the strategy continues the restored chain. When the restore folded
+that chain (a chain with deltas), it keeps the folded rows: the first checkpoint then writes them
+as a new base, as they are (no walk over the heap, no serializing), plus one delta of what changed
+since the restore. The restored chain is compacted once, cheaply, instead of growing to
+``full_every`` deltas and then being rewritten from the heap.
+
 The backend forgets changes only when the checkpoint completed: the result's ``on_complete`` runs
 on the task thread (``CheckpointManager.notify_checkpoint_complete``), confirms the view and makes
 the written chain the one to continue. The changes of a failed or cancelled checkpoint are carried
@@ -24,12 +30,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from state_engine.checkpoint.canonical import DEFAULT_BATCH_ROWS, WrittenFiles, arrow_array
+from state_engine.checkpoint.canonical import (
+    DEFAULT_BATCH_ROWS,
+    KeyGroupStats,
+    WrittenFiles,
+    arrow_array,
+)
 from state_engine.checkpoint.delta import DELTA_SCHEMA, DeltaWriter
 from state_engine.checkpoint.metadata import FileKind, SnapshotFile
 from state_engine.checkpoint.strategies import (
@@ -44,6 +55,11 @@ from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
     from state_engine.backends.heap.backend import HeapKeyedStateBackend, HeapStateView
+
+
+#: restored rows above this size are not kept for the first checkpoint's base (the heap holds
+#: the state already; a second copy in Arrow must stay small next to it)
+RESTORED_BASE_MAX_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,7 @@ class DeltaCapture(Capture[WrittenFiles]):
         strategy: DeltaSnapshotStrategy,
         ctx: WriteContext,
         prev: DeltaCapture | None = None,
+        base_rows: pa.Table | None = None,
     ) -> None:
         super().__init__(operator_uid, subtask_index, backend)
         self.view = view
@@ -86,11 +103,17 @@ class DeltaCapture(Capture[WrittenFiles]):
         #: the capture of a checkpoint still in flight whose chain this delta continues (its
         #: view holds only the changes after that one's); its chain is known once it wrote
         self.prev = prev
+        #: canonical rows written as a new base under this capture's delta (the state a claimed
+        #: restore folded; the view then holds the changes since): the chain is compacted
+        self.base_rows = base_rows
         self.index: int  # the chain index it writes; 0: a base
         if prev is not None:
             self.index = prev.index + 1
+        elif base_rows is not None:
+            self.index = 1
         else:
             self.index = 0 if chain is None else chain.next_index
+        self._base_files: tuple[SnapshotFile, ...] = ()  # the files of base_rows, once written
         self.new_chain: Chain | None = None  # set by result()
         self.failed = False  # set when its checkpoint failed
         self.states = {n: m.to_dict() for n, m in view.states.items()}
@@ -98,6 +121,10 @@ class DeltaCapture(Capture[WrittenFiles]):
     @property
     def forkable(self) -> bool:
         return self.view.fork_safe
+
+    @property
+    def writes_base(self) -> bool:
+        return self.index == 0 or self.base_rows is not None
 
     def prepare(self, ctx: WriteContext) -> None:
         prev = self.prev
@@ -115,6 +142,8 @@ class DeltaCapture(Capture[WrittenFiles]):
         return self.new_chain is not None or self.failed or self.ctx.cancelled.is_set()
 
     def _base_chain(self) -> Chain | None:
+        if self.base_rows is not None:
+            return Chain(self._base_files, ())
         return self.prev.new_chain if self.prev is not None else self.chain
 
     def still_valid(self, ctx: WriteContext) -> bool:
@@ -134,12 +163,26 @@ class DeltaCapture(Capture[WrittenFiles]):
                     writer.write_columns(columns)
                     ctx.check()
             return writer.finish()
+        base = None
+        if self.base_rows is not None:
+            with self._writer(ctx, shared, on_open=opened) as writer:
+                for batch in self.base_rows.to_batches(DEFAULT_BATCH_ROWS):
+                    writer.write_batch(batch)
+                    ctx.check()
+            base = writer.finish()
         with self._writer(ctx, shared, self.index, on_open=opened, writer=DeltaWriter) as delta:
             for batch in _delta_batches(self.view, ctx):
                 delta.write_batch(batch)
-        return delta.finish()
+        written = delta.finish()
+        return written if base is None else _both(base, written)
 
     def result(self, ctx: WriteContext, written: WrittenFiles) -> SubtaskResult:
+        if self.base_rows is not None:
+            self._base_files = tuple(f for f in written.files if f.kind is FileKind.KEYED)
+            written = WrittenFiles(
+                tuple(f for f in written.files if f.kind is not FileKind.KEYED),
+                written.key_group_stats,
+            )
         if self.index == 0:
             new = Chain(written.files, ())
         else:
@@ -154,19 +197,29 @@ class DeltaCapture(Capture[WrittenFiles]):
             new = Chain(chain.base, deltas)
         self.new_chain = new
         crash_point("checkpoint.delta.after_write")
+        fresh = len(written.files) + len(self._base_files)
         return SubtaskResult(
             self.operator_uid,
             self.subtask_index,
             self.key_group_range,
             new.files,
             written.key_group_stats,
-            written.bytes,
-            files_reused=len(new.files) - len(written.files),
+            written.bytes + sum(f.size for f in self._base_files),
+            files_reused=len(new.files) - fresh,
             on_complete=functools.partial(self.strategy.confirm, new, self.view_id),
         )
 
     def release(self) -> None:
         self.view.release()
+
+
+def _both(base: WrittenFiles, delta: WrittenFiles) -> WrittenFiles:
+    """A new base and the delta on it as one write; key-group statistics are what both wrote."""
+    stats = dict(base.key_group_stats)
+    for kg, st in delta.key_group_stats.items():
+        had = stats.get(kg)
+        stats[kg] = st if had is None else KeyGroupStats(had.rows + st.rows, had.bytes + st.bytes)
+    return WrittenFiles(base.files + delta.files, stats)
 
 
 def _delta_batches(view: HeapStateView, ctx: WriteContext) -> Iterator[pa.RecordBatch]:
@@ -203,6 +256,11 @@ class DeltaSnapshotStrategy:
         self._base_view = 0
         #: the newest capture (its checkpoint may be in flight)
         self._pending: DeltaCapture | None = None
+        #: the rows a claimed restore folded the chain to, and the states they were written
+        #: with: the next checkpoint writes them as a new base (until one completes)
+        self._restored: pa.Table | None = None
+        self._restored_states: dict[str, dict[str, Any]] = {}
+        self._compacting: DeltaCapture | None = None  # the newest capture writing them
 
     def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> DeltaCapture:
         chain = self.chain
@@ -227,9 +285,11 @@ class DeltaSnapshotStrategy:
             # A chain at full_every deltas gets a new base, unless a checkpoint still in flight
             # (newer than the last confirmed view) writes one: this one extends the chain
             # meanwhile rather than write the whole state twice. If that base fails, the next
-            # confirmed view is newer and the next capture writes it.
+            # confirmed view is newer and the next capture writes it. After a claimed restore,
+            # the restored rows are the new base until a checkpoint completes (_compaction).
             base_in_flight = self._base_view > confirmed
-            if (
+            rows = self._compaction(ctx, chain)
+            if rows is None and (
                 not ctx.incremental
                 or chain is None
                 or (len(chain.deltas) >= ctx.full_every and not base_in_flight)
@@ -237,18 +297,40 @@ class DeltaSnapshotStrategy:
                 chain = None
             view = self.backend.snapshot_view(incremental=chain is not None)
             capture = DeltaCapture(
-                operator_uid, subtask_index, self.backend, view, chain, self, ctx
+                operator_uid, subtask_index, self.backend, view, chain, self, ctx, None, rows
             )
-        if capture.index == 0:
+        if capture.writes_base:
             self._base_view = view.view_id
+        if capture.base_rows is not None:
+            self._compacting = capture
         self._pending = capture
         return capture
 
-    def claim(self, files: Sequence[SnapshotFile]) -> bool:
+    def _compaction(self, ctx: WriteContext, chain: Chain | None) -> pa.Table | None:
+        """The restored rows to write as this capture's new base, or None."""
+        rows = self._restored
+        if rows is None or not ctx.incremental or chain is None:
+            return None
+        last = self._compacting
+        if last is not None and not last.failed and not last.ctx.cancelled.is_set():
+            return None  # a checkpoint in flight writes them: this one extends the chain
+        states = {n: m.to_dict() for n, m in self.backend.registered_states().items()}
+        if states != self._restored_states:
+            # a state registered since with another serializer (or a new state): the restored
+            # bytes are not what this checkpoint's metadata describes
+            self._restored = None
+            return None
+        return rows
+
+    def claim(self, files: Sequence[SnapshotFile], rows: pa.Table | None = None) -> bool:
         """Continue the chain of a restored checkpoint the job claimed: ``files`` are one old
         subtask's base and deltas, and the backend was restored from exactly them, so the
         changes the restore recorded are dropped and the next delta holds only what changes
-        from here. Files of another format (canonical, RocksDB) leave the strategy as it was."""
+        from here. Files of another format (canonical, RocksDB) leave the strategy as it was.
+
+        ``rows``: the canonical rows the restore folded those files to. When the chain has
+        deltas and no state has TTL (whose expired rows a base written from the heap would
+        drop), the next checkpoint writes them as its new base (see the module doc)."""
         base = tuple(f for f in files if f.kind is FileKind.KEYED)
         deltas = [f for f in files if f.kind is FileKind.DELTA]
         if (
@@ -263,6 +345,16 @@ class DeltaSnapshotStrategy:
             by_index.setdefault(f.chain_index or 0, []).append(f)
         self.chain = Chain(base, tuple(tuple(by_index[i]) for i in sorted(by_index)))
         self.backend.forget_changes()
+        self._restored = self._compacting = None
+        states = self.backend.registered_states()
+        if (
+            rows is not None
+            and deltas
+            and rows.nbytes <= RESTORED_BASE_MAX_BYTES
+            and all(m.ttl is None for m in states.values())
+        ):
+            self._restored = rows
+            self._restored_states = {n: m.to_dict() for n, m in states.items()}
         return True
 
     def confirm(self, chain: Chain, view_id: int) -> None:
@@ -271,3 +363,4 @@ class DeltaSnapshotStrategy:
         if not self.backend.closed:
             self.backend.confirm_view(view_id)
         self.chain = chain
+        self._restored = self._compacting = None  # the state moved on from the restored rows

@@ -20,6 +20,7 @@ from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.checkpoint.state import RestoreMode
 from state_engine.errors import CatalogUnreachable, SnapshotCancelled
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.serde import ArrowRecordSerializer
 from state_engine.state import ValueStateDescriptor
 from state_engine.state.meta import StateEntry
 from tests.checkpoint.jobstate import (
@@ -326,6 +327,63 @@ def test_a_compaction_whose_checkpoint_failed_is_written_by_the_next(
         assert observe(again.subtasks, KEYS) == expected
         close(again.subtasks)
     close(restored.subtasks)
+
+
+RECORD_V1 = ArrowRecordSerializer(pa.schema([pa.field("n", pa.int64(), nullable=False)]))
+RECORD_V2 = ArrowRecordSerializer(
+    pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("note", pa.string())])
+)
+
+
+def _records(job, desc: ValueStateDescriptor, keys: list[str], put: int | None = None) -> dict:
+    """Per key of ``keys``: ``put`` + its index stored first (when given), then the value."""
+    out = {}
+    for i, k in enumerate(keys):
+        b = owner(job, k)
+        state = b.get_state(desc)
+        b.set_current_key(k)
+        if put is not None:
+            state.update({"n": put + i})
+        out[k] = state.value()
+    return out
+
+
+def test_a_value_serializer_migrated_after_a_claim_starts_a_new_base(
+    catalog, storage, tmp_path: Path
+):
+    """The claimed chain holds the old serializer's bytes; a delta of the new one on top would
+    be read with the new serializer whole. The first checkpoint writes a new base instead."""
+    job = make_job("heap", tmp_path / "a", 2, track_changes=True)
+    v1 = ValueStateDescriptor("rec", RECORD_V1)
+    _records(job, v1, KEYS[:200], put=0)
+    with manager(catalog, storage, "delta", incremental=True) as m:
+        m.trigger(job).result()
+        _records(job, v1, KEYS[:20], put=500)
+        last = m.trigger(job).result()  # a base and a delta per subtask
+    close(job)
+    old = read_metadata(storage.snapshot(last.location))
+    with manager(catalog, storage, "delta", incremental=True) as m2:
+        restored = m2.restore(
+            last.id,
+            parallelism=2,
+            factory=factory("heap", tmp_path / "b", track_changes=True),
+            mode=RestoreMode.CLAIM,
+        )
+        v2 = ValueStateDescriptor("rec", RECORD_V2)  # a nullable field added: values migrate
+        _records(restored.subtasks, v2, KEYS[100:110], put=1000)
+        first = m2.trigger(restored.subtasks)
+        record = first.result()
+        meta = read_metadata(storage.snapshot(record.location))
+        assert first.stats.files_reused == 0
+        assert not {f.path for f in meta.files} & {f.path for f in old.files}
+        assert {f.kind for f in meta.files if f.shared} == {FileKind.KEYED}
+        expected = {
+            k: {"note": None, **v} for k, v in _records(restored.subtasks, v2, KEYS[:200]).items()
+        }
+        again = m2.restore(record.id, parallelism=3, factory=factory("heap", tmp_path / "c"))
+        assert _records(again.subtasks, v2, KEYS[:200]) == expected
+        close(again.subtasks)
+        close(restored.subtasks)
 
 
 @pytest.mark.parametrize("kind,fmt", [("heap", "canonical"), ("rocksdb", "native")])

@@ -28,7 +28,7 @@ into the next delta.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -206,11 +206,21 @@ class DeltaCapture(Capture[WrittenFiles]):
             written.key_group_stats,
             written.bytes + sum(f.size for f in self._base_files),
             files_reused=len(new.files) - fresh,
-            on_complete=functools.partial(self.strategy.confirm, new, self.view_id),
+            on_complete=functools.partial(
+                self.strategy.confirm, new, self.view_id, self.states if self.writes_base else None
+            ),
         )
 
     def release(self) -> None:
         self.view.release()
+
+
+def _written_alike(
+    written: Mapping[str, dict[str, Any]] | None, now: Mapping[str, dict[str, Any]]
+) -> bool:
+    """Whether rows written with the states ``written`` (as in ``_metadata``) and rows written
+    now read alike: no state's meta changed (states added since are no conflict)."""
+    return written is None or all(now.get(n, m) == m for n, m in written.items())
 
 
 def _both(base: WrittenFiles, delta: WrittenFiles) -> WrittenFiles:
@@ -259,8 +269,10 @@ class DeltaSnapshotStrategy:
         #: the rows a claimed restore folded the chain to, and the states they were written
         #: with: the next checkpoint writes them as a new base (until one completes)
         self._restored: pa.Table | None = None
-        self._restored_states: dict[str, dict[str, Any]] = {}
         self._compacting: DeltaCapture | None = None  # the newest capture writing them
+        #: the states (as in _metadata) the chain's files were written with; a delta must not
+        #: continue rows of a state whose serializers changed since (None: no chain yet)
+        self._chain_states: dict[str, dict[str, Any]] | None = None
 
     def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> DeltaCapture:
         chain = self.chain
@@ -270,10 +282,12 @@ class DeltaSnapshotStrategy:
         # since, and fails if that one fails. Otherwise it continues the last confirmed chain
         # with every change not confirmed yet, whatever happens to those in flight.
         prev = self._pending if ctx.incremental and ctx.chain_in_flight else None
+        states = {n: m.to_dict() for n, m in self.backend.registered_states().items()}
         if prev is not None and (
             prev.view_id <= confirmed
             or prev.settled
             or (prev.prev is not None and prev.prev.view_id > confirmed)
+            or not _written_alike(prev.states, states)
         ):
             prev = None
         if prev is not None and prev.index < ctx.full_every:
@@ -287,11 +301,17 @@ class DeltaSnapshotStrategy:
             # meanwhile rather than write the whole state twice. If that base fails, the next
             # confirmed view is newer and the next capture writes it. After a claimed restore,
             # the restored rows are the new base until a checkpoint completes (_compaction).
+            # A state registered since with serializers that read the chain's rows only after
+            # migrating them (a restore's value serializer change) starts a new base too.
             base_in_flight = self._base_view > confirmed
+            alike = _written_alike(self._chain_states, states)
+            if not alike:
+                self._restored = None
             rows = self._compaction(ctx, chain)
             if rows is None and (
                 not ctx.incremental
                 or chain is None
+                or not alike
                 or (len(chain.deltas) >= ctx.full_every and not base_in_flight)
             ):
                 chain = None
@@ -314,12 +334,6 @@ class DeltaSnapshotStrategy:
         last = self._compacting
         if last is not None and not last.failed and not last.ctx.cancelled.is_set():
             return None  # a checkpoint in flight writes them: this one extends the chain
-        states = {n: m.to_dict() for n, m in self.backend.registered_states().items()}
-        if states != self._restored_states:
-            # a state registered since with another serializer (or a new state): the restored
-            # bytes are not what this checkpoint's metadata describes
-            self._restored = None
-            return None
         return rows
 
     def claim(self, files: Sequence[SnapshotFile], rows: pa.Table | None = None) -> bool:
@@ -347,6 +361,7 @@ class DeltaSnapshotStrategy:
         self.backend.forget_changes()
         self._restored = self._compacting = None
         states = self.backend.registered_states()
+        self._chain_states = {n: m.to_dict() for n, m in states.items()}
         if (
             rows is not None
             and deltas
@@ -354,13 +369,17 @@ class DeltaSnapshotStrategy:
             and all(m.ttl is None for m in states.values())
         ):
             self._restored = rows
-            self._restored_states = {n: m.to_dict() for n, m in states.items()}
         return True
 
-    def confirm(self, chain: Chain, view_id: int) -> None:
+    def confirm(
+        self, chain: Chain, view_id: int, base_states: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         """On the task thread: the checkpoint that wrote ``chain`` completed; it is the new base
-        and the backend forgets the changes up to its view."""
+        and the backend forgets the changes up to its view. ``base_states``: the states its
+        new base was written with (None: it continued the chain's base)."""
         if not self.backend.closed:
             self.backend.confirm_view(view_id)
         self.chain = chain
+        if base_states is not None:
+            self._chain_states = base_states
         self._restored = self._compacting = None  # the state moved on from the restored rows

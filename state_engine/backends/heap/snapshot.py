@@ -266,8 +266,8 @@ class DeltaSnapshotStrategy:
         self._base_view = 0
         #: the newest capture (its checkpoint may be in flight)
         self._pending: DeltaCapture | None = None
-        #: the rows a claimed restore folded the chain to, and the states they were written
-        #: with: the next checkpoint writes them as a new base (until one completes)
+        #: the rows a claimed restore folded the chain to: the next checkpoint writes them as a
+        #: new base (until one completes)
         self._restored: pa.Table | None = None
         self._compacting: DeltaCapture | None = None  # the newest capture writing them
         #: the states (as in _metadata) the chain's files were written with; a delta must not

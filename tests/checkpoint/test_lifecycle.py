@@ -270,8 +270,8 @@ def test_claim_compacts_a_heap_delta_chain_into_the_first_checkpoints_base(
 
 
 def _claimed(catalog, storage, tmp_path: Path, deltas: int):
-    """A heap job checkpointed as a base and ``deltas`` deltas, restored in CLAIM mode by a
-    second manager (returned open, with the restored subtasks and the claimed record)."""
+    """A heap job checkpointed as a base and ``deltas`` deltas, restored in CLAIM mode: the
+    restoring manager (open), the restored subtasks and the claimed checkpoint's metadata."""
     job = make_job("heap", tmp_path / "a", 2, track_changes=True)
     apply(job, KEYS)
     with manager(catalog, storage, "delta", incremental=True) as m:
@@ -351,8 +351,8 @@ def _records(job, desc: ValueStateDescriptor, keys: list[str], put: int | None =
 def test_a_value_serializer_migrated_after_a_claim_starts_a_new_base(
     catalog, storage, tmp_path: Path
 ):
-    """The claimed chain holds the old serializer's bytes; a delta of the new one on top would
-    be read with the new serializer whole. The first checkpoint writes a new base instead."""
+    """The claimed chain holds the old serializer's bytes: a delta in the new one's bytes on top
+    would leave rows no one serializer reads. The first checkpoint writes a new base instead."""
     job = make_job("heap", tmp_path / "a", 2, track_changes=True)
     v1 = ValueStateDescriptor("rec", RECORD_V1)
     _records(job, v1, KEYS[:200], put=0)

@@ -789,9 +789,9 @@ def as_table(batches: Iterable[pa.RecordBatch], schema: pa.Schema = KEYED_SCHEMA
 
 
 def state_columns(table: pa.Table, sort_states: Collection[str] = ()) -> Iterator[StateColumns]:
-    """A canonical table's rows as one :class:`StateColumns` per state, in table order; the rows
-    of the states in ``sort_states`` sorted by (key group, key, namespace, user key), which puts
-    list elements in position order."""
+    """A canonical table's rows as one :class:`StateColumns` per state (its columns Arrow
+    arrays), in table order; the rows of the states in ``sort_states`` sorted by (key group,
+    key, namespace, user key), which puts list elements in position order."""
     if table.num_rows == 0:
         return
     enc = pc.dictionary_encode(table.column("state").combine_chunks())
@@ -804,7 +804,7 @@ def state_columns(table: pa.Table, sort_states: Collection[str] = ()) -> Iterato
             part = part.sort_by([(c, "ascending") for c in order])
         yield StateColumns(
             name,
-            *(part.column(c).to_pylist() for c in KEYED_SCHEMA.names if c != "state"),
+            *(part.column(c).combine_chunks() for c in KEYED_SCHEMA.names if c != "state"),
         )
 
 

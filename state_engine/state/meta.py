@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from state_engine.errors import InvalidStateDescriptor
 from state_engine.serde import SerializerSnapshot, TypeSerializer, serializer_from_snapshot
 from state_engine.state.descriptors import StateKind
 from state_engine.state.ttl import StateTtlConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class StateEntry(NamedTuple):
@@ -33,32 +36,39 @@ class StateEntry(NamedTuple):
 
 class StateColumns(NamedTuple):
     """Canonical rows of one state, column by column (a restore's bulk form of
-    :class:`StateEntry` rows: every column the same length, rows in the same order)."""
+    :class:`StateEntry` rows: every column the same length, rows in the same order).
+
+    Each column is a sequence of the field's values, or an Arrow array of them (a restore read
+    from Parquet hands its columns over as they are: a backend that decodes Arrow columns itself
+    skips a Python object per row and field). :meth:`column` gives either as a list."""
 
     state: str
-    key_group: Sequence[int]
-    key_hash: Sequence[int]
-    key: Sequence[bytes]
-    namespace: Sequence[bytes]
-    user_key: Sequence[bytes | None]
-    value: Sequence[bytes]
-    expires_at: Sequence[int | None]
+    key_group: Sequence[int] | pa.Array
+    key_hash: Sequence[int] | pa.Array
+    key: Sequence[bytes] | pa.Array
+    namespace: Sequence[bytes] | pa.Array
+    user_key: Sequence[bytes | None] | pa.Array
+    value: Sequence[bytes] | pa.Array
+    expires_at: Sequence[int | None] | pa.Array
 
     @property
     def rows(self) -> int:
         return len(self.key)
 
+    def column(self, name: str) -> Sequence[Any]:
+        """Column ``name`` as a Python sequence."""
+        values = getattr(self, name)
+        to_pylist = getattr(values, "to_pylist", None)  # an Arrow array
+        listed: Sequence[Any] = values if to_pylist is None else to_pylist()
+        return listed
+
     def entries(self) -> Iterator[StateEntry]:
         """The rows as :class:`StateEntry` tuples."""
+        names = ("key_group", "key_hash", "key", "namespace")
         rows = zip(
-            self.key_group,
-            self.key_hash,
-            self.key,
-            self.namespace,
+            *(self.column(n) for n in names),
             repeat(self.state),
-            self.user_key,
-            self.value,
-            self.expires_at,
+            *(self.column(n) for n in ("user_key", "value", "expires_at")),
             strict=False,  # repeat() never ends; the other columns have one length
         )
         return map(StateEntry._make, rows)

@@ -282,5 +282,5 @@ def test_list_elements_come_out_in_position_order_after_a_fold() -> None:
     folded = fold_tables(_table(base, KEYED_SCHEMA), [_table(delta, DELTA_SCHEMA)])
     assert folded.column("value").to_pylist() == [b"e0", b"e2", b"new"]  # chain order
     (columns,) = state_columns(folded, ["l"])
-    assert columns.user_key == pos
-    assert columns.value == [b"e0", b"new", b"e2"]
+    assert columns.column("user_key") == pos
+    assert columns.column("value") == [b"e0", b"new", b"e2"]

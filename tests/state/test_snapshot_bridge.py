@@ -204,21 +204,30 @@ def test_repeated_full_views_match_fresh_rows():
     assert rows(b) == replay()
 
 
-def _columns(rows):
-    """Rows as StateColumns, one per state, in row order."""
+def _columns(rows, arrow: bool = False):
+    """Rows as StateColumns, one per state, in row order; ``arrow``: each column an Arrow
+    array of the canonical schema's type (as a restore from Parquet gives them)."""
+    import pyarrow as pa
+
+    from state_engine.checkpoint.canonical import KEYED_SCHEMA
     from state_engine.state.meta import StateColumns
 
+    types = [f.type for f in KEYED_SCHEMA if f.name != "state"]
     by_state: dict[str, list] = {}
     for r in rows:
         by_state.setdefault(r.state, []).append(r)
-    return [
-        StateColumns(name, *(list(c) for c in zip(*((r[:4] + r[5:]) for r in rs), strict=True)))
-        for name, rs in by_state.items()
-    ]
+    out = []
+    for name, rs in by_state.items():
+        columns = [list(c) for c in zip(*((r[:4] + r[5:]) for r in rs), strict=True)]
+        if arrow:
+            columns = [pa.array(c, t) for c, t in zip(columns, types, strict=True)]
+        out.append(StateColumns(name, *columns))
+    return out
 
 
+@pytest.mark.parametrize("arrow", [False, True], ids=["lists", "arrow"])
 @pytest.mark.parametrize("src", ["heap", "rocksdb"])
-def test_restore_columns_equals_restore_entries(make_backend, backend_kind, src):
+def test_restore_columns_equals_restore_entries(make_backend, backend_kind, src, arrow):
     a = make_backend(src)
     fill(a)
     with a.snapshot_view() as view:
@@ -226,13 +235,14 @@ def test_restore_columns_equals_restore_entries(make_backend, backend_kind, src)
         meta = {n: m.to_dict() for n, m in view.states.items()}
     by_entries, by_columns = make_backend(backend_kind), make_backend(backend_kind)
     by_entries.restore_entries(rows, meta)
-    by_columns.restore_columns(_columns(rows), meta)
+    by_columns.restore_columns(_columns(rows, arrow), meta)
     assert observe(by_columns) == observe(by_entries) == observe(a)
     with by_columns.snapshot_view() as again:
         assert sorted(again.iter_entries()) == sorted(rows)
 
 
-def test_restored_mutable_values_are_not_shared_between_keys(make_backend):
+@pytest.mark.parametrize("arrow", [False, True], ids=["lists", "arrow"])
+def test_restored_mutable_values_are_not_shared_between_keys(make_backend, arrow):
     """Equal serialized values decode once only into immutable objects: two keys restored from
     the same JSON list each get their own list."""
     J = ValueStateDescriptor("j", "json")
@@ -245,7 +255,7 @@ def test_restored_mutable_values_are_not_shared_between_keys(make_backend):
         rows = list(view.iter_entries())
         meta = dict(view.states)
     b = make_backend("heap")
-    b.restore_columns(_columns(rows), meta)
+    b.restore_columns(_columns(rows, arrow), meta)
     jb = b.get_state(J)
     b.set_current_key(KEYS[0])
     jb.value().append(3)  # in place, as a careless function might

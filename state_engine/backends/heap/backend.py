@@ -23,6 +23,8 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from state_engine.backends.base import (
     ChangedKey,
@@ -31,6 +33,7 @@ from state_engine.backends.base import (
     SnapshotStrategy,
     null_element,
 )
+from state_engine.checkpoint.canonical import int_values
 from state_engine.errors import InvalidSnapshotRequest, SerializationError, StateError
 from state_engine.hashing import key_hash
 from state_engine.keygroups import KeyGroupRange
@@ -975,9 +978,24 @@ class HeapMapState(_HeapState, MapState):
 _IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
 
 
-def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any]) -> list[Any]:
+def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any] | pa.Array) -> list[Any]:
     """``raw`` deserialized, each distinct value once when values repeat and decode to immutable
     objects (shared safely between entries); every row on its own otherwise."""
+    if isinstance(raw, pa.Array) and not raw.null_count:
+        # Arrow finds the distinct values and each row's index in C: no bytes object per row
+        enc = pc.dictionary_encode(raw)
+        if len(enc.dictionary) * 2 <= len(raw):
+            shared = np.empty(len(enc.dictionary), dtype=object)
+            for i, b in enumerate(enc.dictionary.to_pylist()):
+                obj = deserialize(b)
+                if type(obj) not in _IMMUTABLE:
+                    break
+                shared[i] = obj
+            else:
+                decoded: list[Any] = shared[int_values(enc.indices)].tolist()
+                return decoded
+    if isinstance(raw, pa.Array):
+        raw = raw.to_pylist()
     distinct = set(raw)
     if len(distinct) * 2 > len(raw):
         return [deserialize(b) for b in raw]
@@ -988,6 +1006,18 @@ def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any]) -> list[Any]
             return [deserialize(b) for b in raw]  # mutable: one object per entry
         cache[b] = obj
     return [cache[b] for b in raw]
+
+
+def _ints(values: Sequence[int] | pa.Array) -> np.ndarray:
+    """A column of ints (key groups) as NumPy."""
+    return int_values(values) if isinstance(values, pa.Array) else np.asarray(values)
+
+
+def _all_empty(values: Sequence[bytes] | pa.Array) -> bool:
+    """Whether every value of a bytes column (namespaces) is empty."""
+    if isinstance(values, pa.Array):
+        return len(values) == 0 or pc.max(pc.binary_length(values)).as_py() == 0
+    return not any(values)
 
 
 #: One state's changes in one epoch: per slot the composite keys changed as a whole, and (map
@@ -1624,8 +1654,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
     ) -> None:
         """:meth:`restore_entries` from columns: each distinct serialized key, user key and
-        value is decoded once when it decodes to an immutable object (a str, an int...),
-        and the rows of one slot go into its table without a lookup per row."""
+        value is decoded once when it decodes to an immutable object (a str, an int...; from
+        Arrow columns, the distinct values are found by Arrow), and the rows of one slot go into
+        its table without a lookup per row."""
         plan = self._prepare_restore(state_meta)
         n = self._kg_count
         for c in columns:
@@ -1633,8 +1664,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 raise self._unknown_state_row(c.state)
             if not c.rows:
                 continue
-            self._check_row_key_group(min(c.key_group))
-            self._check_row_key_group(max(c.key_group))
+            key_groups = _ints(c.key_group)
+            self._check_row_key_group(int(key_groups.min()))
+            self._check_row_key_group(int(key_groups.max()))
             name = c.state
             ser = plan[name][0].serializers
             nsd = ser["namespace"].deserialize
@@ -1646,20 +1678,21 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             )
             values = _decoded(ser["value"].deserialize, c.value)
             meta = plan[name][0]
-            if meta.ttl is None and meta.kind is not StateKind.LIST and not any(c.namespace):
+            if meta.ttl is None and meta.kind is not StateKind.LIST and _all_empty(c.namespace):
                 self._restore_runs(
-                    name, meta.kind is StateKind.MAP, c.key_group, keys, user_keys, values
+                    name, meta.kind is StateKind.MAP, key_groups, keys, user_keys, values
                 )
                 continue
-            expiries = [INT64_MAX if e is None else e for e in c.expires_at]
+            expiries = [INT64_MAX if e is None else e for e in c.column("expires_at")]
             restore = self._exporters[name]._restore
             dirty = self._dirty_of.get(name)
             start = self._kg_start
             last_slot: int = -1
             t: dict[Any, Any] = {}
             changed: set[Any] | None = None
+            namespaces = c.column("namespace")
             for kg, key, ns, uk, v, exp in zip(
-                c.key_group, keys, c.namespace, user_keys, values, expiries, strict=False
+                key_groups.tolist(), keys, namespaces, user_keys, values, expiries, strict=False
             ):
                 if ns:
                     slot, ck = n + kg - start, (key, nsd(ns))
@@ -1676,7 +1709,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self,
         name: str,
         is_map: bool,
-        key_groups: Sequence[int],
+        key_groups: np.ndarray,
         keys: list[Any],
         user_keys: Iterable[Any],
         values: list[Any],
@@ -1684,7 +1717,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Restored rows of a state without TTL or namespaces, a key-group run at a time: a
         value-like state's run is one dict update; a map's rows go in one dict update per run
         of rows of the same key (runs found by comparing neighbours in C)."""
-        kg = np.asarray(key_groups)
+        kg = key_groups
         cuts = [0, *(np.flatnonzero(np.diff(kg)) + 1).tolist(), len(kg)]
         dirty = self._dirty_of.get(name)
         start = self._kg_start

@@ -978,9 +978,13 @@ class HeapMapState(_HeapState, MapState):
 _IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
 
 
-def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any] | pa.Array) -> list[Any]:
+def _decoded(
+    deserialize: Callable[[Any], Any], raw: Sequence[Any] | pa.Array | pa.ChunkedArray
+) -> list[Any]:
     """``raw`` deserialized, each distinct value once when values repeat and decode to immutable
     objects (shared safely between entries); every row on its own otherwise."""
+    if isinstance(raw, pa.ChunkedArray):
+        raw = raw.combine_chunks()
     if isinstance(raw, pa.Array) and not raw.null_count:
         # Arrow finds the distinct values and each row's index in C: no bytes object per row
         enc = pc.dictionary_encode(raw)
@@ -1008,14 +1012,15 @@ def _decoded(deserialize: Callable[[Any], Any], raw: Sequence[Any] | pa.Array) -
     return [cache[b] for b in raw]
 
 
-def _ints(values: Sequence[int] | pa.Array) -> np.ndarray:
+def _ints(values: Sequence[int] | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A column of ints (key groups) as NumPy."""
-    return int_values(values) if isinstance(values, pa.Array) else np.asarray(values)
+    arrow = isinstance(values, (pa.Array, pa.ChunkedArray))
+    return int_values(values) if arrow else np.asarray(values)
 
 
-def _all_empty(values: Sequence[bytes] | pa.Array) -> bool:
+def _all_empty(values: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> bool:
     """Whether every value of a bytes column (namespaces) is empty."""
-    if isinstance(values, pa.Array):
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return len(values) == 0 or pc.max(pc.binary_length(values)).as_py() == 0
     return not any(values)
 
@@ -1717,7 +1722,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Restored rows of a state without TTL or namespaces, a key-group run at a time: a
         value-like state's run is one dict update; a map's rows go in one dict update per run
         of rows of the same key (runs found by comparing neighbours in C)."""
-        kg = key_groups
+        kg = key_groups  # NumPy
         cuts = [0, *(np.flatnonzero(np.diff(kg)) + 1).tolist(), len(kg)]
         dirty = self._dirty_of.get(name)
         start = self._kg_start

@@ -985,21 +985,11 @@ def _decoded(
     objects (shared safely between entries); every row on its own otherwise."""
     if isinstance(raw, pa.ChunkedArray):
         raw = raw.combine_chunks()
-    if isinstance(raw, pa.Array) and not raw.null_count:
-        # Arrow finds the distinct values and each row's index in C: no bytes object per row
-        enc = pc.dictionary_encode(raw)
-        if len(enc.dictionary) * 2 <= len(raw):
-            shared = np.empty(len(enc.dictionary), dtype=object)
-            for i, b in enumerate(enc.dictionary.to_pylist()):
-                obj = deserialize(b)
-                if type(obj) not in _IMMUTABLE:
-                    break
-                shared[i] = obj
-            else:
-                decoded: list[Any] = shared[int_values(enc.indices)].tolist()
-                return decoded
     if isinstance(raw, pa.Array):
-        raw = raw.to_pylist()
+        if raw.null_count:
+            raw = raw.to_pylist()  # the rows' own path below names what cannot be decoded
+        else:
+            return _decoded_arrow(deserialize, raw)
     distinct = set(raw)
     if len(distinct) * 2 > len(raw):
         return [deserialize(b) for b in raw]
@@ -1010,6 +1000,23 @@ def _decoded(
             return [deserialize(b) for b in raw]  # mutable: one object per entry
         cache[b] = obj
     return [cache[b] for b in raw]
+
+
+def _decoded_arrow(deserialize: Callable[[Any], Any], raw: pa.Array) -> list[Any]:
+    """:func:`_decoded` of an Arrow column without nulls: Arrow finds the distinct values and
+    each row's index in C, so no bytes object is made per row when values repeat."""
+    enc = pc.dictionary_encode(raw)
+    if len(enc.dictionary) * 2 <= len(raw):
+        shared = np.empty(len(enc.dictionary), dtype=object)
+        for i, b in enumerate(enc.dictionary.to_pylist()):
+            obj = deserialize(b)
+            if type(obj) not in _IMMUTABLE:
+                break  # mutable: one object per entry
+            shared[i] = obj
+        else:
+            decoded: list[Any] = shared[int_values(enc.indices)].tolist()
+            return decoded
+    return [deserialize(b) for b in raw.to_pylist()]
 
 
 def _ints(values: Sequence[int] | pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -1722,13 +1729,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Restored rows of a state without TTL or namespaces, a key-group run at a time: a
         value-like state's run is one dict update; a map's rows go in one dict update per run
         of rows of the same key (runs found by comparing neighbours in C)."""
-        kg = key_groups  # NumPy
-        cuts = [0, *(np.flatnonzero(np.diff(kg)) + 1).tolist(), len(kg)]
+        cuts = [0, *(np.flatnonzero(np.diff(key_groups)) + 1).tolist(), len(key_groups)]
         dirty = self._dirty_of.get(name)
         start = self._kg_start
         uks = list(user_keys) if is_map else []
         for a, b in itertools.pairwise(cuts):
-            slot = int(kg[a]) - start
+            slot = int(key_groups[a]) - start
             t = self._writable_slot(name, slot)
             run = keys[a:b]
             if is_map:

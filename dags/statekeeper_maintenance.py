@@ -26,7 +26,9 @@ its three steps in this order):
 2. **expire**: the `expire` job keeps the newest `retain_last` completed checkpoints (and, with
    `expire_older_than`, those completed after that cut-off), discards the rest and deletes every
    file no retained snapshot uses (including the files the compaction released). Savepoints
-   are never expired here.
+   are never expired here. A PENDING snapshot begun more than `abort_pending_older_than` ago
+   is a commit whose writer died: it is failed, which releases its files (and lets the orphan
+   cleanup into the job's `shared/` again).
 3. **orphan_cleanup**: the `orphan_cleanup` job deletes files under the job's directories that
    no snapshot references and that are older than `orphan_older_than` (files of a checkpoint in
    flight are never touched).
@@ -38,7 +40,8 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
 
 **Params**: `compaction_min_deltas` (deltas on the base before compacting, default 4),
 `retain_last` (default 3), `expire_older_than` (e.g. `7d`, `12h` or an ISO timestamp; empty:
-by count only), `orphan_older_than` (default `3d`), `dry_run` (report what would be deleted,
+by count only), `abort_pending_older_than` (default `1d`; empty: leave PENDING snapshots
+alone), `orphan_older_than` (default `3d`), `dry_run` (report what would be deleted,
 change nothing).
 """
 
@@ -74,6 +77,14 @@ change nothing).
             title="Expire only checkpoints older than",
             description="A duration such as 7d or 12h, or an ISO timestamp; checkpoints beyond "
             "retain_last are expired only when completed before it. Empty: by count only.",
+        ),
+        "abort_pending_older_than": Param(
+            "1d",
+            type=["null", "string"],
+            title="Fail commits pending longer than",
+            description="A PENDING snapshot begun before this (a duration such as 1d, or an ISO "
+            "timestamp) is a commit whose writer died: expire fails it and deletes its files. "
+            "Empty: leave PENDING snapshots alone.",
         ),
         "orphan_older_than": Param(
             "3d",
@@ -132,6 +143,7 @@ def statekeeper_maintenance() -> None:
                 {
                     "retain_last": params["retain_last"],
                     "older_than": params["expire_older_than"],
+                    "abort_pending_older_than": params.get("abort_pending_older_than") or None,
                     "dry_run": params["dry_run"],
                 },
                 get_current_context(),

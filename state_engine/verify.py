@@ -308,11 +308,18 @@ def verify_job(
             missing = sum(
                 1 for f in files.values() if storage.check(f.path, f.size, None, False) is not None
             )
+            remedy = (
+                "the next `statectl flink import` of its directory finishes it"
+                if record.origin == "flink"
+                else "failed as stale by `statectl maintain expire --job "
+                f"{record.name} --abort-pending-older-than 1h`"
+            )
             report.add(
                 Finding(PENDING, "pending",
                         f"{_label(snap)} started {snap.created_at:%Y-%m-%d %H:%M:%S}: not "
                         f"restorable (in progress, or left by a crash); {len(files)} file(s) "
-                        f"attached, {missing} of them not in storage; its files are kept",
+                        f"attached, {missing} of them not in storage; its files are kept (if "
+                        f"its writer died: {remedy})",
                         snap.location, snap.id, snap.checkpoint_id)
             )  # fmt: skip
             continue

@@ -95,6 +95,13 @@ def _expire_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ID_OR_NAME",
         help="also expire this savepoint (snapshot id or directory name); repeatable",
     )
+    p.add_argument(
+        "--abort-pending-older-than",
+        metavar="DURATION",
+        help="fail the PENDING snapshots begun before this ISO timestamp or this long ago "
+        "('1d'): commits whose writer died, which pin their files and hold orphan cleanup off "
+        "shared/",
+    )
 
 
 def _orphan_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,13 @@ and deleted, then the emptied ``chk-<n>/`` and savepoint directories are removed
 next checkpoint is safe: it only reuses files of its parent, the latest completed checkpoint,
 which never expires. ``dry_run`` computes the same selection and files and changes nothing.
 
+Stale commits (``abort_pending_older_than``): a PENDING snapshot begun before that cut-off is a
+commit whose writer died (a killed job, a lost Spark driver; Flink too aborts a checkpoint that
+outlives its timeout). While it is PENDING its files stay pinned and orphan cleanup leaves the
+job's ``shared/`` alone. Under the lease it goes PENDING -> FAILED by compare-and-swap (a writer
+that completes it first wins, and it stays), which releases its attached files to the deletion
+below; files it wrote but never attached are orphan cleanup's from then on.
+
 Spark is not needed for this catalog and file-deletion work; ``spark`` is used only to spread a
 very large deletion (see ``deletion.delete_urls``), so it may be None.
 """
@@ -21,7 +28,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +71,9 @@ class ExpiryPlan:
     expire: list[SnapshotRecord]
     kept_checkpoints: list[SnapshotRecord]
     cutoff: datetime | None
+    #: PENDING snapshots begun before ``pending_cutoff``: stale commits to fail
+    abort: list[SnapshotRecord] = field(default_factory=list)
+    pending_cutoff: datetime | None = None
 
 
 def _savepoint_names(savepoints: Any) -> list[str]:
@@ -100,10 +110,17 @@ def plan_expiry(
     retain_last: int | None,
     older_than: Any,
     savepoints: Sequence[str],
+    abort_pending_older_than: Any = None,
 ) -> ExpiryPlan:
     """The snapshots to expire (or a specific error); reads the catalog, changes nothing."""
     snapshots = catalog.list_snapshots(job)  # newest checkpoint id first
-    cutoff = None if older_than is None else parse_cutoff(older_than, catalog.now())
+    now = catalog.now()
+    cutoff = None if older_than is None else parse_cutoff(older_than, now)
+    pending_cutoff = (
+        None
+        if abort_pending_older_than is None
+        else parse_cutoff(abort_pending_older_than, now, "abort_pending_older_than")
+    )
     completed = [
         s
         for s in snapshots
@@ -145,18 +162,26 @@ def plan_expiry(
         selected.append(savepoint)
     expired_ids = {s.id for s in selected}
     kept = [s for s in completed if s.id not in expired_ids]
-    return ExpiryPlan(selected, kept, cutoff)
+    stale = [
+        s
+        for s in snapshots
+        if pending_cutoff is not None
+        and s.status is SnapshotStatus.PENDING
+        and as_aware(s.created_at) < pending_cutoff
+    ]
+    return ExpiryPlan(selected, kept, cutoff, stale, pending_cutoff)
 
 
 def would_release(catalog: Catalog, job: str, plan: ExpiryPlan) -> dict[str, int]:
     """Files (URL -> size) that expiring ``plan`` would delete, without changing anything."""
-    expired_ids = {s.id for s in plan.expire}
+    going = [*plan.expire, *plan.abort]
+    expired_ids = {s.id for s in going}
     remaining = [
         s for s in catalog.list_snapshots(job, status=list(RETAINED)) if s.id not in expired_ids
     ]
     still_used = {f.path for s in remaining for f in catalog.snapshot_files(s.id)}
     out = {f.path: f.size for f in catalog.releasable_files(job)}
-    for s in plan.expire:
+    for s in going:
         for f in catalog.snapshot_files(s.id):
             if f.path not in still_used:
                 out[f.path] = f.size
@@ -172,6 +197,32 @@ def _describe(s: SnapshotRecord) -> dict[str, Any]:
         "location": s.location,
         "completed_at": s.completed_at.isoformat() if s.completed_at else None,
     }
+
+
+def _describe_pending(s: SnapshotRecord) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "checkpoint_id": s.checkpoint_id,
+        "kind": s.kind,
+        "location": s.location,
+        "trigger": s.trigger,
+        "created_at": s.created_at.isoformat(),
+    }
+
+
+def _abort(catalog: Catalog, snap: SnapshotRecord, run_id: str) -> bool:
+    """PENDING -> FAILED by compare-and-swap on the version planned; False if its writer (or
+    another run) moved it meanwhile: a snapshot that completed after all stays."""
+    try:
+        catalog.fail_snapshot(
+            snap.id,
+            expected_version=snap.version,
+            error=f"aborted by expire run {run_id}: PENDING since "
+            f"{as_aware(snap.created_at).isoformat()}, its writer presumed dead",
+        )
+        return True
+    except (CommitConflict, InvalidSnapshotTransition):
+        return False
 
 
 def _discard(catalog: Catalog, snap: SnapshotRecord) -> bool:
@@ -198,25 +249,40 @@ def run(
     retain_last: int | None = None,
     older_than: Any = None,
     savepoints: Any = None,
+    abort_pending_older_than: Any = None,
     dry_run: bool = False,
     wait: Any = False,
     spark_min_files: int = SPARK_MIN_FILES,
     threads: int = THREADS,
 ) -> JobResult:
-    """Expire checkpoints by ``retain_last`` / ``older_than`` and the named ``savepoints``."""
+    """Expire checkpoints by ``retain_last`` / ``older_than`` and the named ``savepoints``;
+    fail the PENDING snapshots begun before ``abort_pending_older_than`` (stale commits)."""
     names = _savepoint_names(savepoints)
     retain = _check_retain_last(retain_last)
-    if retain is None and older_than is None and not names:
+    if retain is None and older_than is None and not names and abort_pending_older_than is None:
         raise InvalidJobParams(
-            "expire needs a retention: retain_last=N, older_than=<timestamp|duration>, or "
-            "savepoints=[...] to expire by name"
+            "expire needs a retention: retain_last=N, older_than=<timestamp|duration>, "
+            "savepoints=[...] to expire by name, or abort_pending_older_than=<duration> to fail "
+            "stale commits"
         )
     wait_s = wait_seconds(wait)
     job_dir = storage_for(catalog, job, ctx.settings).url_of(job)
-    plan = plan_expiry(catalog, job, retain_last=retain, older_than=older_than, savepoints=names)
+
+    def plan_now() -> ExpiryPlan:
+        return plan_expiry(
+            catalog,
+            job,
+            retain_last=retain,
+            older_than=older_than,
+            savepoints=names,
+            abort_pending_older_than=abort_pending_older_than,
+        )
+
+    plan = plan_now()
     base: dict[str, Any] = {
         "dry_run": bool(dry_run),
         "cutoff": plan.cutoff.isoformat() if plan.cutoff else None,
+        "pending_cutoff": plan.pending_cutoff.isoformat() if plan.pending_cutoff else None,
     }
     if dry_run:
         files = would_release(catalog, job, plan)
@@ -225,6 +291,8 @@ def run(
                 **base,
                 "snapshots_expired": len(plan.expire),
                 "would_expire": [_describe(s) for s in plan.expire],
+                "pending_aborted": len(plan.abort),
+                "would_abort_pending": [_describe_pending(s) for s in plan.abort],
                 "checkpoints_kept": len(plan.kept_checkpoints),
                 "files_found": len(files),
                 "bytes_found": sum(files.values()),
@@ -237,11 +305,10 @@ def run(
         )
     with FileLease(catalog, job, KIND, ctx.run_id, wait=wait_s) as lease:
         # whatever happened while this run waited for the lease counts: decide again
-        plan = plan_expiry(
-            catalog, job, retain_last=retain, older_than=older_than, savepoints=names
-        )
+        plan = plan_now()
         hooks.call("after_plan", KIND, job)
         lease.check()
+        aborted = [s for s in plan.abort if _abort(catalog, s, ctx.run_id)]
         expired = [s for s in plan.expire if _discard(catalog, s)]
         crash_point("expire.after_discard")
         files = {f.path: f.size for f in catalog.releasable_files(job)}
@@ -249,10 +316,11 @@ def run(
             catalog, lease, files, spark=spark, spark_min_files=spark_min_files, threads=threads
         )
         pending = [s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)]
-        dirs = [posixpath.dirname(u) for u in done.paths] + [s.location for s in expired]
+        gone = [*expired, *aborted]
+        dirs = [posixpath.dirname(u) for u in done.paths] + [s.location for s in gone]
         stops = [job_dir] + [
             posixpath.dirname(s.location.rstrip("/"))
-            for s in expired
+            for s in gone
             if not s.location.startswith(job_dir.rstrip("/") + "/")
         ]
         removed_dirs = remove_empty_dirs(dirs, stops, keep=pending)
@@ -262,6 +330,8 @@ def run(
             **base,
             "snapshots_expired": len(expired),
             "expired": [_describe(s) for s in expired],
+            "pending_aborted": len(aborted),
+            "aborted_pending": [_describe_pending(s) for s in aborted],
             "checkpoints_kept": len(plan.kept_checkpoints),
             "files_found": len(files),
             "bytes_found": sum(files.values()),

@@ -3,13 +3,19 @@
 (1) orphan cleanup while a real CheckpointManager commits a checkpoint, paused after its files
 are attached and, separately, after they are written but before they are attached;
 (2) orphan cleanup while an expire holds the job's file lease: it refuses, or waits;
-(3) a deleter whose lease expired (and was taken over) can no longer forget or delete.
+(3) a deleter whose lease expired (and was taken over) can no longer forget or delete;
+(4) a commit whose writer was killed: PENDING, it holds orphan cleanup off shared/ until expire
+fails it as stale.
 Threads meet through threading.Events set from the jobs' hooks; nothing sleeps.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -23,13 +29,16 @@ from state_engine.checkpoint.commit import PendingCommit
 from state_engine.errors import (
     DeletionLeaseHeld,
     DeletionLeaseLost,
+    InvalidJobParams,
     StaleFencingToken,
 )
+from state_engine.faults import ENV_VAR as CRASH_AT
 from state_engine.jobs import deletion, expire, orphan_cleanup
 from state_engine.jobs.deletion import (  # type: ignore[attr-defined]  # deletion re-exports it
     LEASE_TTL_S,
     file_lease_name,
 )
+from state_engine.verify import verify_job
 from tests.fixtures.catalog import DATABASES, FakeClock
 from tests.jobs.deletiondata import (
     JOB,
@@ -294,3 +303,96 @@ def test_files_that_vanished_do_not_stop_an_expire(cat, storage, tmp_path):
     assert stats["files_already_gone"] == len(gone) > 0
     assert not {f.path for f in cat.releasable_files(JOB)} & gone
     assert cat.get_lease(LEASE).released_at is not None
+
+
+# --- (4) a commit whose writer was killed ---
+
+REPO = Path(__file__).resolve().parents[2]
+# Two incremental RocksDB checkpoints of the deletiondata job; the process SIGKILLs itself once
+# the second one's files are attached (new SSTs in shared/ among them), before its _metadata.
+KILLED_WRITER = """
+import sys
+from pathlib import Path
+from state_engine.catalog import Catalog
+from state_engine.checkpoint.storage import CheckpointStorage
+from tests.jobs.deletiondata import checkpoints, make_subtasks, manager
+
+url, root, db = sys.argv[1:]
+with Catalog.open(url) as catalog:
+    m = manager(catalog, CheckpointStorage(root), "native")
+    checkpoints(m, make_subtasks("rocksdb", Path(db)), 2)
+"""
+
+
+def test_expire_fails_a_commit_whose_writer_was_killed_once_it_is_stale(
+    cat, storage, clock, tmp_path
+):
+    url = cat.engine.url.render_as_string(hide_password=False)
+    env = {**os.environ, CRASH_AT: "checkpoint.after_attach:2"}
+    args = [sys.executable, "-c", KILLED_WRITER, url, storage.url_of(""), str(tmp_path / "db")]
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    completed, dead = sorted(cat.list_snapshots(JOB), key=lambda r: r.checkpoint_id)
+    assert (completed.status, dead.status) == ("COMPLETED", "PENDING")
+    kept = referenced_urls(cat, [completed.id])
+    pinned = referenced_urls(cat, [dead.id]) - kept  # attached by the dead writer alone
+    assert any("/shared/" in u for u in pinned)
+    never_written = dead.location.rstrip("/") + "/_metadata"  # attached, written last
+    assert files_under(storage) == kept | pinned - {never_written}
+    # and files it wrote but had not attached yet (another subtask's, say): one in its
+    # directory, one uploaded to shared/
+    in_dir = plant(storage, f"{JOB}/chk-{dead.checkpoint_id}/keyed-1-unattached.parquet")
+    assert in_dir.startswith(dead.location.rstrip("/") + "/")
+    unattached = {in_dir, plant(storage, f"{JOB}/shared/sst-00000001-1-000099.sst")}
+    age_everything(storage)
+
+    # while it is PENDING: orphan cleanup stays out of shared/, and an expire with a cut-off
+    # older than the commit leaves it alone
+    held = orphan_cleanup.run(None, cat, job=JOB, older_than=0, dry_run=True)["stats"]
+    assert held["pending_snapshots"] == [dead.id]
+    assert (held["kept_pending"], held["deferred_shared"], held["files_found"]) == (1, 1, 0)
+    (finding,) = [f for f in verify_job(cat, JOB).findings if f.kind == "pending"]
+    assert finding.snapshot_id == dead.id
+    assert f"maintain expire --job {JOB} --abort-pending-older-than" in finding.message
+    fresh = expire.run(None, cat, job=JOB, abort_pending_older_than="1h")["stats"]
+    assert fresh["pending_aborted"] == 0 and cat.get_snapshot(dead.id).status == "PENDING"
+
+    clock.advance(2 * 3600)  # the commit has been PENDING for two hours now
+    before = files_under(storage)
+    dry = expire.run(None, cat, job=JOB, abort_pending_older_than="1h", dry_run=True)["stats"]
+    assert [p["id"] for p in dry["would_abort_pending"]] == [dead.id]
+    assert {i["path"] for i in dry["would_delete"]["items"]} == pinned
+    assert files_under(storage) == before and cat.get_snapshot(dead.id).status == "PENDING"
+
+    report = expire.run(None, cat, job=JOB, abort_pending_older_than="1h")
+    stats = report["stats"]
+    assert [p["id"] for p in stats["aborted_pending"]] == [dead.id]
+    assert stats["snapshots_expired"] == 0 and stats["files_already_gone"] == 1
+    assert set(stats["deleted"]["items"]) == pinned - {never_written}
+    failed = cat.get_snapshot(dead.id)
+    assert failed.status == "FAILED" and "presumed dead" in (failed.error or "")
+    assert cat.get_run(report["run_id"]).params["abort_pending_older_than"] == "1h"
+    assert not any(exists(u) for u in pinned) and all(exists(u) for u in kept)
+
+    # nothing PENDING: orphan cleanup judges shared/ again and takes the rest of the dead commit
+    swept = orphan_cleanup.run(None, cat, job=JOB, older_than=0)["stats"]
+    assert swept["pending_snapshots"] == [] and swept["deferred_shared"] == 0
+    assert set(swept["deleted"]["items"]) == unattached
+    assert files_under(storage) == kept
+    subtasks = make_subtasks("heap", tmp_path / "expected")
+    apply(subtasks, 0)
+    with manager(cat, storage, "native") as m:
+        assert restored_state(m, completed.id, tmp_path) == observe(subtasks)
+    close(subtasks)
+
+
+def test_a_bad_pending_cut_off_changes_nothing(cat, storage, tmp_path):
+    subtasks = make_subtasks("heap", tmp_path / "db")
+    with manager(cat, storage) as m:
+        records, _ = checkpoints(m, subtasks, 2)
+    close(subtasks)
+    before = files_under(storage)
+    with pytest.raises(InvalidJobParams, match="abort_pending_older_than 'soon'"):
+        expire.run(None, cat, job=JOB, abort_pending_older_than="soon", retain_last=1)
+    assert files_under(storage) == before
+    assert all(cat.get_snapshot(r.id).status == "COMPLETED" for r in records)

@@ -189,24 +189,16 @@ def would_release(catalog: Catalog, job: str, plan: ExpiryPlan) -> dict[str, int
 
 
 def _describe(s: SnapshotRecord) -> dict[str, Any]:
+    """A snapshot as the report names it (its status as planned, before this run moved it)."""
     return {
         "id": s.id,
         "checkpoint_id": s.checkpoint_id,
         "kind": s.kind,
         "status": s.status,
         "location": s.location,
-        "completed_at": s.completed_at.isoformat() if s.completed_at else None,
-    }
-
-
-def _describe_pending(s: SnapshotRecord) -> dict[str, Any]:
-    return {
-        "id": s.id,
-        "checkpoint_id": s.checkpoint_id,
-        "kind": s.kind,
-        "location": s.location,
         "trigger": s.trigger,
         "created_at": s.created_at.isoformat(),
+        "completed_at": s.completed_at.isoformat() if s.completed_at else None,
     }
 
 
@@ -292,7 +284,7 @@ def run(
                 "snapshots_expired": len(plan.expire),
                 "would_expire": [_describe(s) for s in plan.expire],
                 "pending_aborted": len(plan.abort),
-                "would_abort_pending": [_describe_pending(s) for s in plan.abort],
+                "would_abort_pending": [_describe(s) for s in plan.abort],
                 "checkpoints_kept": len(plan.kept_checkpoints),
                 "files_found": len(files),
                 "bytes_found": sum(files.values()),
@@ -331,7 +323,7 @@ def run(
             "snapshots_expired": len(expired),
             "expired": [_describe(s) for s in expired],
             "pending_aborted": len(aborted),
-            "aborted_pending": [_describe_pending(s) for s in aborted],
+            "aborted_pending": [_describe(s) for s in aborted],
             "checkpoints_kept": len(plan.kept_checkpoints),
             "files_found": len(files),
             "bytes_found": sum(files.values()),

@@ -305,9 +305,11 @@ class CheckpointManager:
                 for uid in sorted({u for st in subtasks for u in st.operator})
             }
         except BaseException as exc:
+            # as when the asynchronous phase fails: the views go, and each capture is marked
+            # failed, so no later delta continues a chain this checkpoint never wrote
+            self._release(captures)
             for c in captures:
-                with contextlib.suppress(Exception):
-                    c.release()
+                c.abandon()
             self._abandon(commit, exc)
             raise
         job = _Job(

@@ -125,7 +125,8 @@ class Capture(ABC, Generic[W]):
     def release(self) -> None: ...
 
     def abandon(self) -> None:  # noqa: B027 - most captures need nothing
-        """Its snapshot failed or was cancelled (called on the checkpoint thread)."""
+        """Its snapshot failed or was cancelled (called on the checkpoint thread, or on the
+        task thread when the synchronous phase itself failed)."""
 
     def _writer(
         self,

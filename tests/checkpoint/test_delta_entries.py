@@ -202,3 +202,37 @@ def test_a_delta_may_continue_the_chain_of_a_checkpoint_in_flight(
         assert observe(restored.subtasks, KEYS) == expected
         close(restored.subtasks)
     close(job)
+
+
+def test_a_barrier_whose_synchronous_phase_failed_leaves_the_next_delta_whole(
+    catalog, storage, tmp_path: Path, monkeypatch
+) -> None:
+    """Subtask 1's capture raises after subtask 0's delta was captured: the checkpoint fails at
+    the barrier, and the next one (which may continue a chain in flight) is not built on it."""
+    job = make_job("heap", tmp_path, 2, track_changes=True)
+    apply(job, KEYS)
+    with manager(catalog, storage, fork_writer=False, chain_in_flight=True) as m:
+        m.trigger(job).result()  # the base
+        apply(job, KEYS[:40], round_=1)
+        real = CheckpointManager._capture
+
+        def capture(self, strategy, uid, index, *args, **kw):
+            if index == 1:
+                raise OSError("disk full while subtask 1 took its view")
+            return real(self, strategy, uid, index, *args, **kw)
+
+        monkeypatch.setattr(CheckpointManager, "_capture", capture)
+        try:
+            m.trigger(job)
+        except OSError as exc:
+            assert "subtask 1" in str(exc)
+        else:
+            raise AssertionError("the barrier should have failed")
+        monkeypatch.undo()
+        apply(job, KEYS[40:50], round_=2)
+        record = m.trigger(job).result()
+        assert record.status == "COMPLETED"
+        restored = m.restore(record.id, parallelism=3, factory=factory("heap", tmp_path))
+        assert observe(restored.subtasks, KEYS) == observe(job, KEYS)
+        close(restored.subtasks)
+    close(job)

@@ -162,13 +162,15 @@ def plan_expiry(
         selected.append(savepoint)
     expired_ids = {s.id for s in selected}
     kept = [s for s in completed if s.id not in expired_ids]
-    stale = [
-        s
-        for s in snapshots
-        if pending_cutoff is not None
-        and s.status is SnapshotStatus.PENDING
-        and as_aware(s.created_at) < pending_cutoff
-    ]
+    stale = (
+        []
+        if pending_cutoff is None
+        else [
+            s
+            for s in snapshots
+            if s.status is SnapshotStatus.PENDING and as_aware(s.created_at) < pending_cutoff
+        ]
+    )
     return ExpiryPlan(selected, kept, cutoff, stale, pending_cutoff)
 
 

@@ -21,7 +21,8 @@ Runs hourly against the catalog named by `STATEKEEPER_CATALOG_URL` (or the SQLit
    this code's head revision (not retried: run `statectl catalog upgrade`, then clear the task).
 2. **report** returns, per job, the latest completed snapshot and its age, and the PENDING
    snapshots older than `stale_pending_minutes`: commits that never completed. Their files stay
-   pinned until the snapshot is failed: the maintenance DAG's expire step does so after
+   pinned until the snapshot is failed: the job's next run does so when it starts (a run's own
+   commits only; it holds the job's writer lease), the maintenance DAG's expire step after
    `abort_pending_older_than` (or `statectl maintain expire --job JOB
    --abort-pending-older-than 1h`), and the orphan cleanup then reclaims the rest.
 

@@ -280,6 +280,14 @@ class SinkCommitFailed(JobError):
     """A sink transaction that can be neither committed nor found committed (its data is gone)."""
 
 
+class JobAlreadyRunning(JobError, LeaseHeld):
+    """Another live run of the job holds its writer lease: one run writes a job's snapshots."""
+
+
+class WriterLeaseLost(JobError, LeaseError):
+    """This run's writer lease expired or was taken over: it may no longer write snapshots."""
+
+
 # --- maintenance jobs ---
 
 

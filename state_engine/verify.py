@@ -311,8 +311,8 @@ def verify_job(
             remedy = (
                 "the next `statectl flink import` of its directory finishes it"
                 if record.origin == "flink"
-                else "failed as stale by `statectl maintain expire --job "
-                f"{record.name} --abort-pending-older-than 1h`"
+                else "failed by the job's next run, or as stale by `statectl maintain expire "
+                f"--job {record.name} --abort-pending-older-than 1h`"
             )
             report.add(
                 Finding(PENDING, "pending",

@@ -23,21 +23,26 @@ class _RaceLost(Exception):
 
 
 class LeaseMixin(Store):
-    def acquire_lease(self, name: str, owner: str, ttl: float | timedelta) -> int:
+    def acquire_lease(
+        self, name: str, owner: str, ttl: float | timedelta, *, take_over: int | None = None
+    ) -> int:
         """Take the lease for ``ttl`` (seconds or timedelta); returns its new fencing token.
 
-        LeaseHeld if another holder's lease is still live (even the same owner's: renew instead).
+        LeaseHeld if another holder's lease is still live (even the same owner's: renew instead),
+        unless ``take_over`` is that holder's token: the caller knows the holder is dead (its
+        process is gone) and takes the live lease from it, by compare-and-swap on the token, so
+        of two callers that both saw the dead holder only one wins.
         """
         check_name(name, "a lease name")
         check_name(owner, "a lease owner")
         delta = as_seconds(ttl)
         try:
-            return self._acquire(name, owner, delta)
+            return self._acquire(name, owner, delta, take_over)
         except _RaceLost:
             # Two first-time acquirers raced on the insert; the loser sees the winner's row now.
-            return self._acquire(name, owner, delta)
+            return self._acquire(name, owner, delta, take_over)
 
-    def _acquire(self, name: str, owner: str, ttl: timedelta) -> int:
+    def _acquire(self, name: str, owner: str, ttl: timedelta, take_over: int | None) -> int:
         now = self.now()
         with self._write() as s:
             lease = self._lease_row(s, name)
@@ -56,7 +61,8 @@ class LeaseMixin(Store):
                 except IntegrityError as exc:
                     raise _RaceLost from exc
                 return 1
-            if lease.released_at is None and lease.expires_at > now:
+            live = lease.released_at is None and lease.expires_at > now
+            if live and lease.token != take_over:
                 raise LeaseHeld(
                     f"lease {name!r} is held by {lease.owner!r} (token {lease.token}) until "
                     f"{lease.expires_at.isoformat()}; wait for its release or expiry, then retry"

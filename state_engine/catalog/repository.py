@@ -559,6 +559,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         bytes: int | None = None,
         entries: int | None = None,
         standalone: bool = False,
+        lease: tuple[str, int] | None = None,
     ) -> SnapshotRecord:
         """PENDING -> COMPLETED by compare-and-swap on the version the caller read.
 
@@ -566,10 +567,13 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         ``standalone``: it turned out to reuse no file of an earlier snapshot (an incremental
         checkpoint that wrote a new base), so it has no parent, whatever ``begin_snapshot`` was
         given. CommitConflict if another writer changed the snapshot since;
-        InvalidSnapshotTransition if it is not PENDING.
+        InvalidSnapshotTransition if it is not PENDING. ``lease``: (name, fencing token) of a
+        lease the writer must still hold, checked in the same transaction (a LeaseError if not).
         """
         check_int(expected_version, "expected_version", 0)
         with self._write() as s:
+            if lease is not None:
+                self._check_lease_in(s, *lease)
             if bytes is None:
                 file_ids = (
                     select(SnapshotFile.file_id)

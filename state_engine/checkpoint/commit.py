@@ -63,12 +63,14 @@ def file_lease_name(job: str) -> str:
 
 @dataclass(frozen=True)
 class PendingCommit:
-    """A reserved (PENDING) snapshot: its catalog row and its directory."""
+    """A reserved (PENDING) snapshot: its catalog row and its directory. ``lease``: the
+    writer lease (name, fencing token) its completion must still hold, if any."""
 
     catalog: Catalog
     record: SnapshotRecord
     snapshot: SnapshotDir
     kind: SnapshotKind
+    lease: tuple[str, int] | None = None
 
     def attach(
         self,
@@ -115,6 +117,7 @@ class PendingCommit:
             bytes=bytes,
             entries=entries,
             standalone=standalone,
+            lease=self.lease,
         )
 
     def abort(
@@ -149,8 +152,10 @@ def reserve(
     trigger: str,
     savepoint_dir: str | None = None,
     parent_id: int | None = None,
+    lease: tuple[str, int] | None = None,
 ) -> PendingCommit:
-    """Take the job's next checkpoint id and its directory; the snapshot is PENDING."""
+    """Take the job's next checkpoint id and its directory; the snapshot is PENDING. With
+    ``lease`` (a writer lease's name and fencing token) it completes only while that holds."""
     if savepoint_dir is not None and kind is not SnapshotKind.SAVEPOINT:
         raise InvalidSnapshotRequest(
             f"savepoint_dir {savepoint_dir!r} given for a {kind} of job {job!r}; checkpoints "
@@ -183,7 +188,7 @@ def reserve(
             )
         except CommitConflict:
             continue  # another writer took this checkpoint id: take the next
-        return PendingCommit(catalog, record, snap, kind)
+        return PendingCommit(catalog, record, snap, kind, lease)
     raise CommitConflict(
         f"could not reserve a checkpoint id for job {job!r}: others keep taking them; try again"
     )

@@ -70,6 +70,7 @@ from state_engine.checkpoint.strategies import (
     SubtaskResult,
     WriteContext,
 )
+from state_engine.checkpoint.writer_lease import WriterLease
 from state_engine.collector import collector_paused
 from state_engine.errors import (
     CheckpointError,
@@ -186,6 +187,10 @@ class CheckpointManager:
     ``chain_in_flight``: for overlapping checkpoints, a heap delta continues the chain of the
     checkpoint still in flight before it (holding only the changes since; it fails if that one
     fails) instead of the last completed one's (holding every change not confirmed yet).
+
+    ``writer_lease``: the job's writer lease this manager's run holds (a JobRunner passes it; see
+    :mod:`state_engine.checkpoint.writer_lease`): once lost, no snapshot begins; released on
+    :meth:`close`.
     """
 
     def __init__(
@@ -204,6 +209,7 @@ class CheckpointManager:
         verify_checksums: bool = False,
         fork_writer: bool = True,
         chain_in_flight: bool = False,
+        writer_lease: WriterLease | None = None,
     ) -> None:
         if format not in FORMAT_OPTIONS:
             raise InvalidSnapshotRequest(
@@ -229,6 +235,7 @@ class CheckpointManager:
         self.verify_checksums = verify_checksums
         self.fork_writer = fork_writer
         self.chain_in_flight = chain_in_flight
+        self.writer_lease = writer_lease
         self.registry = SharedStateRegistry()
         self.job_record = catalog.register_job(
             job, max_parallelism=max_parallelism, location=self.storage.url_of(self.job)
@@ -257,6 +264,8 @@ class CheckpointManager:
     ) -> PendingSnapshot:
         """The synchronous phase; returns once every backend fixed its view."""
         started = time.perf_counter()
+        if self.writer_lease is not None:
+            self.writer_lease.check()  # a run that lost the job to another begins nothing
         kind_ = self._check_kind(kind, savepoint_dir)
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
@@ -465,6 +474,7 @@ class CheckpointManager:
             trigger=trigger,
             savepoint_dir=savepoint_dir,
             parent_id=parent.id if parent is not None else None,
+            lease=None if self.writer_lease is None else self.writer_lease.fencing(),
         )
 
     def _capture(
@@ -940,6 +950,8 @@ class CheckpointManager:
             if job.spool is not None:
                 job.spool.remove()  # local only: what it held never reached the store
         reap_exited(block=True)  # the writers that delivered their files and were exiting
+        if self.writer_lease is not None:
+            self.writer_lease.release()
 
     def __enter__(self) -> CheckpointManager:
         return self

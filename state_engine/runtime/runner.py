@@ -22,6 +22,7 @@ from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.state import RestoredState, RestoreMode, SubtaskState
 from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.checkpoint.writer_lease import WriterLease
 from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
 from state_engine.runtime.coordinator import CheckpointCoordinator, CheckpointStats
@@ -188,6 +189,8 @@ class JobRunner:
         self.coordinator: CheckpointCoordinator | None = None
         self.subtasks: list[_Subtask] = []
         self.restored_from: SnapshotRecord | None = None
+        #: PENDING snapshots of an earlier run that stopped mid-checkpoint, failed by this one
+        self.failed_stale_commits: list[SnapshotRecord] = []
         self._started = False
         self._closed = False
         self._finished = False
@@ -202,18 +205,32 @@ class JobRunner:
     def _new_manager(self, catalog: Catalog, storage: CheckpointStorage | str) -> CheckpointManager:
         """The checkpoint manager of this run's job at this run's parallelism."""
         job = self.job
-        return CheckpointManager(
-            catalog,
-            storage,
-            job.name,
-            max_parallelism=job.max_parallelism,
-            parallelism=self.parallelism,
-            format=job.checkpoint_format,
-            retained=job.retained,
-            incremental=job.incremental,
-            fork_writer=job.fork_writer,
-            chain_in_flight=job.max_concurrent_checkpoints > 1,
-        )
+        # one run writes a job's snapshots: refused while another run of it lives
+        lease = WriterLease(catalog, job.name).acquire()
+        try:
+            manager = CheckpointManager(
+                catalog,
+                storage,
+                job.name,
+                max_parallelism=job.max_parallelism,
+                parallelism=self.parallelism,
+                format=job.checkpoint_format,
+                retained=job.retained,
+                incremental=job.incremental,
+                fork_writer=job.fork_writer,
+                chain_in_flight=job.max_concurrent_checkpoints > 1,
+                writer_lease=lease,
+            )
+        except BaseException:
+            lease.release()
+            raise
+        try:
+            # what a run that stopped mid-checkpoint left PENDING is nobody's now
+            self.failed_stale_commits = lease.fail_stale_commits(manager.storage)
+        except BaseException:
+            manager.close()
+            raise
+        return manager
 
     def _restore_through(
         self,

@@ -237,6 +237,13 @@ def _completed_files(catalog: Catalog, job: str) -> dict[int, dict[str, int]]:
     return {s.id: {f.path: f.size for f in catalog.snapshot_files(s.id)} for s in snaps}
 
 
+def _pending(catalog: Catalog, job: str) -> list[int]:
+    try:
+        return [s.id for s in catalog.list_snapshots(job, status="PENDING")]
+    except NotFound:
+        return []
+
+
 def _assert_verifies(catalog: Catalog, when: str) -> None:
     report = verify(catalog, deep=True)
     assert report.ok, f"verify failed {when}:\n{report.render()}"
@@ -272,6 +279,7 @@ def test_crash_then_recover(
     with Catalog.open(catalog_url) as catalog:
         before = _completed_files(catalog, fraud.JOB_NAME)
         _assert_verifies(catalog, f"right after the crash at {case.point}")
+        left_pending = _pending(catalog, fraud.JOB_NAME)
 
     recovered = _run(scenario.recover, paths, None)
     assert recovered.returncode == 0, f"recovery failed:\n{recovered.stdout}\n{recovered.stderr}"
@@ -285,6 +293,14 @@ def test_crash_then_recover(
         else:
             assert result["restored_from"] is None
         _assert_verifies(catalog, f"after recovering from {case.point}")
+        # the killed run's unfinished commit is nobody's: the recovering run (its writer lease
+        # taken over from the dead process at once) failed it, so nothing pins files any more
+        assert _pending(catalog, fraud.JOB_NAME) == []
+        for sid in left_pending:
+            failed = catalog.get_snapshot(sid)
+            assert failed.status == "FAILED", (sid, failed.status)
+            assert "its run stopped before completing it" in (failed.error or "")
+            assert not Path(failed.location.removeprefix("file://")).exists()
         for sid, files in before.items():
             assert catalog.get_snapshot(sid).status == "COMPLETED"
             for path, size in files.items():

@@ -108,6 +108,37 @@ def test_view_ignores_writes_after_it_was_taken(backend):
     assert observe(backend)[KEYS[0]][0] == -1
 
 
+@pytest.mark.parametrize("ttl", [False, True], ids=["plain", "ttl"])
+@pytest.mark.parametrize("namespace", [VOID_NAMESPACE, 3], ids=["void", "namespace"])
+def test_a_value_changed_in_place_after_the_view_does_not_leak_into_it(backend, ttl, namespace):
+    """Read, change in place, write back (or not): the view keeps the value as it was, with or
+    without TTL, in the void namespace and another (Flink copies shared state on read)."""
+    doc = ValueStateDescriptor("doc", "json")
+    if ttl:
+        doc = doc.enable_time_to_live(StateTtlConfig(10_000))
+    state = backend.get_state(doc)
+    state.set_current_namespace(namespace)
+    for i, k in enumerate(KEYS):
+        backend.set_current_key(k)
+        state.update({"n": i, "tags": ["a"]})
+    view = backend.snapshot_view()
+    for i, k in enumerate(KEYS):
+        backend.set_current_key(k)
+        value = state.value()
+        value["n"] += 1000
+        value["tags"].append("later")
+        if i % 2:
+            state.update(value)  # written back, or only changed in place
+    rows = {r.key: r.value for r in view.iter_entries() if r.state == "doc"}
+    view.release()
+    decode = doc.serializer.deserialize
+    assert {k.decode(): decode(v) for k, v in rows.items()} == {
+        k: {"n": i, "tags": ["a"]} for i, k in enumerate(KEYS)
+    }
+    backend.set_current_key(KEYS[1])
+    assert state.value() == {"n": 1001, "tags": ["a", "later"]}
+
+
 def test_meta_round_trips_and_restored_serializers_are_checked(make_backend, backend_kind):
     a = make_backend(backend_kind)
     fill(a)

@@ -9,12 +9,15 @@ maps).
 
 Snapshots are copy-on-write per slot: ``snapshot_view`` keeps references to the slots and marks
 them frozen; the first write to a frozen slot copies it (and the lists, maps and accumulators in it,
-which are mutated in place), so the view never sees a later write. Value-state values are stored by
-reference, as in Flink: mutate them only through ``update``.
+which are mutated in place), so the view never sees a later write. A value state's values are
+handed out by reference, so its first read of a frozen slot copies the slot too, with every mutable
+value in it (Flink's copy-on-read of state shared with a running snapshot): a value read, changed
+in place and written back while a snapshot is being written from the view does not leak into it.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 import struct
@@ -231,6 +234,9 @@ class _HeapState(State):
 
 # --- value-like kinds ---
 
+#: Values no caller can change in place: a value state's copy-on-read shares them.
+_ATOMIC = frozenset({int, float, str, bytes, bool, type(None), complex})
+
 
 class HeapValueState(_HeapState, ValueState):
     kind = StateKind.VALUE
@@ -242,17 +248,32 @@ class HeapValueState(_HeapState, ValueState):
         super().__init__(backend, meta)
         self._default = default
 
+    def _copy_table(self, t: dict[Any, Any]) -> dict[Any, Any]:
+        # values shared with a view: the mutable ones are copied (atomic ones and tuples of
+        # them come back as they are from deepcopy's own shortcuts)
+        if self._ttl is None:
+            return {k: v if type(v) in _ATOMIC else copy.deepcopy(v) for k, v in t.items()}
+        return {
+            k: e if type(e[0]) in _ATOMIC else (copy.deepcopy(e[0]), e[1]) for k, e in t.items()
+        }
+
     def _value_plain(self) -> Any:
         b = self._b
+        i = b._kgi
+        if self._frozen and i in self._frozen:
+            return HeapValueState.value(self)  # copies the slot first (see _copy_table)
         try:
-            return self._tables[b._kgi].get(b._key, self._default)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            return self._tables[i].get(b._key, self._default)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
 
     def _value_ttl(self) -> Any:
         b = self._b
+        i = b._kgi
+        if self._frozen and i in self._frozen:
+            return HeapValueState.value(self)
         try:
-            e = self._tables[b._kgi].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            e = self._tables[i].get(b._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
         if e is None:
@@ -298,9 +319,12 @@ class HeapValueState(_HeapState, ValueState):
     def value(self) -> Any:
         b = self._b
         try:
-            t = self._tables[b._kgi + self._off]  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            i = b._kgi + self._off  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise b.no_current_key(f"state {self.name!r}") from None
+        t = self._tables[i]
+        if self._frozen and i in self._frozen:
+            t = self._writable(i)  # the caller may change what it reads in place
         e = t.get(b._key if self._void else (b._key, self._ns))
         if self._ttl is None:
             return self._default if e is None else e

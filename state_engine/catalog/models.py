@@ -160,6 +160,8 @@ class Snapshot(Base):
     trigger: Mapped[str] = mapped_column(String(32))
     version: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+    #: the writer lease owner (a JobRunner's run) that began it; None without one
+    writer: Mapped[str | None] = mapped_column(String(200))
 
 
 class File(Base):

@@ -64,6 +64,8 @@ class SnapshotRecord:
     trigger: str
     version: int
     error: str | None
+    #: the run (its writer lease owner) that began it; None: begun without a writer lease
+    writer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -290,13 +290,23 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         parent_id: int | None = None,
         max_parallelism: int | None = None,
         trigger: str = "periodic",
+        writer: str | None = None,
+        lease: tuple[str, int] | None = None,
     ) -> SnapshotRecord:
-        """Record a new PENDING snapshot (its id defaults to the job's next checkpoint id)."""
+        """Record a new PENDING snapshot (its id defaults to the job's next checkpoint id).
+
+        ``writer``: the run that begins it (its writer lease's owner), ``lease``: that lease's
+        (name, fencing token), checked in the same transaction (a LeaseError if not held).
+        """
         kind = check_choice(kind, "snapshot kind", SNAPSHOT_KINDS)
         format = check_choice(format, "snapshot format", SNAPSHOT_FORMATS)
         check_name(location, "a snapshot location", 10_000)
         check_name(trigger, "a snapshot trigger", 32)
+        if writer is not None:
+            check_name(writer, "a snapshot writer", 200)
         with self._write() as s:
+            if lease is not None:
+                self._check_lease_in(s, *lease)
             job_row = _resolve_job(s, job)
             max_p = job_row.max_parallelism if max_parallelism is None else max_parallelism
             check_int(max_p, "max_parallelism", 1, MAX_MAX_PARALLELISM)
@@ -327,6 +337,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 created_at=self.now(),
                 trigger=trigger,
                 version=0,
+                writer=writer,
             )
             try:
                 with s.begin_nested():
@@ -1260,6 +1271,7 @@ def _snapshot(r: Snapshot, job: str) -> SnapshotRecord:
         trigger=r.trigger,
         version=r.version,
         error=r.error,
+        writer=r.writer,
     )
 
 

@@ -153,9 +153,11 @@ def reserve(
     savepoint_dir: str | None = None,
     parent_id: int | None = None,
     lease: tuple[str, int] | None = None,
+    writer: str | None = None,
 ) -> PendingCommit:
     """Take the job's next checkpoint id and its directory; the snapshot is PENDING. With
-    ``lease`` (a writer lease's name and fencing token) it completes only while that holds."""
+    ``lease`` (a writer lease's name and fencing token) it begins and completes only while that
+    holds; ``writer`` (the lease's owner) is recorded as the run that began it."""
     if savepoint_dir is not None and kind is not SnapshotKind.SAVEPOINT:
         raise InvalidSnapshotRequest(
             f"savepoint_dir {savepoint_dir!r} given for a {kind} of job {job!r}; checkpoints "
@@ -185,6 +187,8 @@ def reserve(
                 parent_id=parent_id,
                 max_parallelism=max_parallelism,
                 trigger=trigger,
+                writer=writer,
+                lease=lease,
             )
         except CommitConflict:
             continue  # another writer took this checkpoint id: take the next

@@ -475,6 +475,7 @@ class CheckpointManager:
             savepoint_dir=savepoint_dir,
             parent_id=parent.id if parent is not None else None,
             lease=None if self.writer_lease is None else self.writer_lease.fencing(),
+            writer=None if self.writer_lease is None else self.writer_lease.owner,
         )
 
     def _capture(

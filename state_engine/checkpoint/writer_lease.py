@@ -9,10 +9,11 @@ A run that died (SIGKILL, a lost machine) leaves its lease held until the TTL la
 run takes it over at once when the holder's process is provably gone: same host, same kernel
 boot, same PID namespace, and no process with its PID. Otherwise it waits for the TTL.
 
-Holding the lease means no other writer of the job is alive, so the new run fails every PENDING
-snapshot its predecessors' runtime left (triggers :data:`RUNTIME_TRIGGERS`; a maintenance run's
-output is its own and left alone): the rows go FAILED with the reason, which releases the files
-they pinned, their own directories are removed, and orphan cleanup judges ``shared/`` again.
+Every snapshot a run begins records the run as its ``writer``. Holding the lease means no other
+run of the job is alive, so the new run fails every PENDING snapshot an earlier run began (those
+begun without a writer lease -- maintenance outputs, Flink imports, a CheckpointManager driven
+directly -- are left alone): the rows go FAILED with the reason, which releases the files they
+pinned, their own directories are removed, and orphan cleanup judges ``shared/`` again.
 
 A run whose lease was lost (its renewals failed past the TTL and another run took it over)
 cannot complete a snapshot: every completion checks the lease's fencing token in its own
@@ -23,6 +24,7 @@ it (:class:`StaleFencingToken`), and once its renewal saw the loss it begins non
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -49,12 +51,17 @@ log = logging.getLogger(__name__)
 
 #: How long a writer lease lives without renewal (seconds); renewed every third of it.
 WRITER_LEASE_TTL_S = 60.0
-#: The ``trigger`` of snapshots the runtime's own checkpoint coordinator begins.
-RUNTIME_TRIGGERS = ("periodic", "manual", "final")
+#: Lease names are at most this long in the catalog.
+_MAX_LEASE_NAME = 200
 
 
 def writer_lease_name(job: str) -> str:
-    return f"writer:{job}"
+    """``writer:<job>``; a job name too long for a lease name keeps a prefix and a digest."""
+    name = f"writer:{job}"
+    if len(name) <= _MAX_LEASE_NAME:
+        return name
+    digest = hashlib.sha256(job.encode()).hexdigest()[:16]
+    return f"writer:{job[:150]}~{digest}"
 
 
 def _read(path: str) -> str:
@@ -136,12 +143,24 @@ class WriterLease:
     def acquire(self) -> WriterLease:
         """Take the lease (from a dead holder too) and start renewing it; JobAlreadyRunning if
         a live run holds it."""
+        self.token = self._take()
+        self._renewer = threading.Thread(target=self._renew, name=self.name, daemon=True)
+        self._renewer.start()
+        return self
+
+    def _take(self, attempts: int = 2) -> int:
         try:
-            self.token = self.catalog.acquire_lease(self.name, self.owner, self.ttl)
+            return self.catalog.acquire_lease(self.name, self.owner, self.ttl)
         except LeaseHeld as exc:
             holder = self.catalog.get_lease(self.name)
-            dead = holder is not None and (o := Owner.parse(holder.owner)) and o.known_dead()
-            if holder is None or not dead:
+            if attempts > 1 and (
+                holder is None
+                or holder.released_at is not None
+                or holder.expires_at <= self.catalog.now()
+            ):
+                return self._take(attempts - 1)  # given up since: take it as a free lease
+            owner = None if holder is None else Owner.parse(holder.owner)
+            if holder is None or owner is None or not owner.known_dead():
                 until = "" if holder is None else f" until {holder.expires_at.isoformat()}"
                 who = "another run" if holder is None else repr(holder.owner)
                 raise JobAlreadyRunning(
@@ -151,7 +170,7 @@ class WriterLease:
                     "when it died on this machine)"
                 ) from exc
             try:
-                self.token = self.catalog.acquire_lease(
+                token = self.catalog.acquire_lease(
                     self.name, self.owner, self.ttl, take_over=holder.token
                 )
             except LeaseHeld as again:  # another new run took it over first
@@ -160,9 +179,7 @@ class WriterLease:
                     f"lease {self.name!r} of the dead {holder.owner!r} first"
                 ) from again
             self.took_over_from = holder.owner
-        self._renewer = threading.Thread(target=self._renew, name=self.name, daemon=True)
-        self._renewer.start()
-        return self
+            return token
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
@@ -202,8 +219,14 @@ class WriterLease:
     def release(self) -> None:
         """Stop renewing and give the lease up (harmless when lost or released already)."""
         self._stop.set()
-        if self._renewer is not None and self._renewer is not threading.current_thread():
-            self._renewer.join()
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            # a bound, not a delay: a renewal stuck in the catalog keeps the lease to its TTL
+            renewer.join(self.ttl)
+            if renewer.is_alive():
+                log.warning("the writer lease %s lapses with its TTL: renewal hangs", self.name)
+                self.token = None
+                return
         token, self.token = self.token, None
         if token is not None and self._lost is None:
             try:
@@ -212,8 +235,8 @@ class WriterLease:
                 log.warning("releasing the writer lease %s failed: %s", self.name, exc)
 
     def fail_stale_commits(self, storage: CheckpointStorage) -> list[SnapshotRecord]:
-        """Fail every PENDING snapshot the job's runtime began (none of them can still be
-        written: this run holds the lease), releasing their files and removing their own
+        """Fail every PENDING snapshot an earlier run of the job began (none of them can still
+        be written: this run holds the lease), releasing their files and removing their own
         directories; returns them as they were."""
         from state_engine.checkpoint.commit import abandon
 
@@ -222,7 +245,7 @@ class WriterLease:
             pending = self.catalog.list_snapshots(self.job, status=SnapshotStatus.PENDING)
         except NoSuchJob:
             return []  # its first run: nothing was begun yet
-        stale = [s for s in pending if s.trigger in RUNTIME_TRIGGERS]
+        stale = [s for s in pending if s.writer is not None and s.writer != self.owner]
         for snap in stale:
             reason = (
                 f"its run stopped before completing it; failed by the job's next run ({self.owner})"

@@ -304,7 +304,15 @@ class JobRunner:
                 "JobRunner (restore_from='latest' to continue from its last checkpoint)"
             )
         if not self._started:
-            self._setup()
+            try:
+                self._setup()
+            except BaseException:
+                # a run that could not start gives the job up (its writer lease) at once
+                if self.manager is not None:
+                    with contextlib.suppress(Exception):
+                        self.manager.close(wait=True)
+                    self.manager = None
+                raise
 
     # --- running ---
 

@@ -1,9 +1,12 @@
 """One run writes a job's snapshots: the writer lease, on SQLite and PostgreSQL catalogs.
 
-A second run of a live job is refused and changes nothing; a holder on another machine or alive
-here is never taken over, a dead one here is at once; a run that lost its lease begins no
-snapshot; and a run that takes over fails the unfinished commit its SIGKILLed predecessor left.
-(The fault suite checks the last at every crash point of the checkpoint path, too.)
+A second run of a live job is refused and changes nothing (in threads and in processes); a
+holder on another machine or alive here is never taken over, a dead one here is at once; a run
+that lost its lease begins no snapshot and completes none; a run that takes over fails the
+unfinished commits of earlier runs, and only theirs; a run that cannot start gives the job up.
+The catalog's clock is frozen, so no lease here ever expires by time: every takeover is the
+dead-process path. (The fault suite checks the failing of a killed run's commit at every crash
+point of the checkpoint path, too.)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +26,18 @@ from state_engine.catalog import Catalog
 from state_engine.checkpoint import HeapBackendFactory
 from state_engine.checkpoint.commit import PendingCommit
 from state_engine.checkpoint.writer_lease import WRITER_LEASE_TTL_S, Owner, writer_lease_name
-from state_engine.errors import JobAlreadyRunning, StaleFencingToken, WriterLeaseLost
+from state_engine.errors import (
+    JobAlreadyRunning,
+    LeaseHeld,
+    NoSuchSnapshot,
+    StaleFencingToken,
+    WriterLeaseLost,
+)
 from state_engine.examples import fraud
 from state_engine.faults import ENV_VAR as CRASH_AT
 from state_engine.jobs import orphan_cleanup
 from state_engine.runtime import CollectedOutput, FileSink, JobRunner
-from tests.fixtures.catalog import on_both_databases
+from tests.fixtures.catalog import FakeClock, on_both_databases
 from tests.runtime.sk_runtime_jobs import multiset, proof_job
 
 pytest_generate_tests = on_both_databases
@@ -35,6 +45,19 @@ pytest_generate_tests = on_both_databases
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "tests" / "faults" / "sk_fault_driver.py"
 LEASE = writer_lease_name("proof")
+
+
+@pytest.fixture
+def catalog_clock() -> FakeClock:
+    """The catalog's clock, frozen at the test's start: leases expire only when moved."""
+    return FakeClock(datetime.now(UTC))
+
+
+def dead_pid() -> int:
+    """The PID of a process of this machine that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 def runner(catalog: Catalog, tmp_path: Path, out: CollectedOutput, **kw: Any) -> JobRunner:
@@ -46,25 +69,30 @@ def snapshot_ids(catalog: Catalog, job: str) -> list[tuple[int, str]]:
     return [(s.id, s.status) for s in catalog.list_snapshots(job)]
 
 
+@pytest.mark.parametrize("execution", ["threads", "processes"])
 def test_a_second_run_of_a_live_job_is_refused_and_changes_nothing(
-    catalog: Catalog, tmp_path: Path
+    catalog: Catalog, tmp_path: Path, execution: str
 ) -> None:
     out = CollectedOutput()
-    first = runner(catalog, tmp_path, out)
-    first.run_until(250, kill=False)  # two checkpoints, then paused
+    job = proof_job(2, HeapBackendFactory(), out, execution, checkpoint_interval_records=100)
+    first = JobRunner(job, catalog=catalog, storage=str(tmp_path / "checkpoints"))
+    first.run_until(250, kill=False)
+    first.checkpoint()  # and nothing in flight any more
     holder = catalog.get_lease(LEASE)
     assert holder is not None and holder.owner.startswith("runner/")
-    before = [i for i, _ in snapshot_ids(catalog, "proof")]  # the last may be in flight
+    before = snapshot_ids(catalog, "proof")
+    assert [status for _, status in before] == ["COMPLETED"] * 3
 
     second = runner(catalog, tmp_path, CollectedOutput(), restore_from="latest")
     with pytest.raises(JobAlreadyRunning, match=f"{holder.owner}.*holds its writer lease"):
         second.run()
     second.close()
-    assert [i for i, _ in snapshot_ids(catalog, "proof")] == before
+    assert snapshot_ids(catalog, "proof") == before
     now = catalog.get_lease(LEASE)
     assert now is not None and (now.owner, now.token) == (holder.owner, holder.token)
 
-    first.run()  # the first run is not disturbed: it finishes, then gives the lease up
+    done = first.run()  # the first run is not disturbed: it finishes, then gives the lease up
+    assert done.finished and done.failed_checkpoints == []
     first.close()
     assert catalog.get_lease(LEASE).released_at is not None  # type: ignore[union-attr]
     with runner(catalog, tmp_path, CollectedOutput(), restore_from="latest") as third:
@@ -75,12 +103,17 @@ def test_a_second_run_of_a_live_job_is_refused_and_changes_nothing(
 def test_a_holder_is_taken_over_only_when_its_process_is_gone_from_this_machine(
     catalog: Catalog, tmp_path: Path
 ) -> None:
-    here = Owner.this_process()
-    elsewhere = Owner("another-host", here.machine, 4242, "0000beef")
-    token = catalog.acquire_lease(LEASE, str(elsewhere), WRITER_LEASE_TTL_S)
-    with pytest.raises(JobAlreadyRunning, match="another-host"):
-        runner(catalog, tmp_path, CollectedOutput()).run()
-    assert catalog.get_lease(LEASE).token == token  # type: ignore[union-attr]
+    here, gone = Owner.this_process(), dead_pid()
+    # a PID free here says nothing of a process on another host, or in another PID namespace
+    token = None
+    for elsewhere in (
+        Owner("another-host", here.machine, gone, "0000beef"),
+        Owner(here.host, "0badb007.4026531836", gone, "0000f00d"),
+    ):
+        token = catalog.acquire_lease(LEASE, str(elsewhere), WRITER_LEASE_TTL_S, take_over=token)
+        with pytest.raises(JobAlreadyRunning, match=str(elsewhere)):
+            runner(catalog, tmp_path, CollectedOutput()).run()
+        assert catalog.get_lease(LEASE).token == token  # type: ignore[union-attr]
 
     # a process of this machine that is alive holds it: refused; once it exited: taken over
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
@@ -219,3 +252,50 @@ def test_runs_one_after_another_share_nothing_but_the_catalog(
     assert multiset(outs[0].records) == multiset(outs[1].records)
     lease = catalog.get_lease(LEASE)
     assert lease is not None and lease.token == 2 and lease.released_at is not None
+
+
+def test_only_the_commits_of_earlier_runs_are_failed(catalog: Catalog, tmp_path: Path) -> None:
+    """A run fails the PENDING snapshots earlier runs began, never one begun without a writer
+    lease (a maintenance run's output, a CheckpointManager driven directly), whatever its
+    trigger."""
+    with runner(catalog, tmp_path, CollectedOutput()) as first:
+        first.run()
+    storage = tmp_path / "checkpoints" / "proof"
+    dead = Owner(Owner.this_process().host, Owner.this_process().machine, dead_pid(), "00dead00")
+    left = catalog.begin_snapshot("proof", location=(storage / "chk-90").as_uri(),
+                                  parallelism=1, writer=str(dead))  # fmt: skip
+    theirs = [
+        catalog.begin_snapshot(
+            "proof", location=(storage / f"chk-{n}").as_uri(), parallelism=1, trigger=trigger
+        )  # fmt: skip
+        for n, trigger in ((91, "periodic"), (92, "run-0123abcd"))
+    ]
+    with runner(catalog, tmp_path, CollectedOutput(), restore_from="latest") as second:
+        second.run()
+        assert [s.id for s in second.failed_stale_commits] == [left.id]
+    assert catalog.get_snapshot(left.id).status == "FAILED"
+    assert [catalog.get_snapshot(s.id).status for s in theirs] == ["PENDING", "PENDING"]
+
+
+def test_a_run_that_cannot_start_gives_the_job_up(catalog: Catalog, tmp_path: Path) -> None:
+    broken = runner(catalog, tmp_path, CollectedOutput(), restore_from=12345)
+    with pytest.raises(NoSuchSnapshot):
+        broken.run()
+    lease = catalog.get_lease(LEASE)
+    assert lease is not None and lease.released_at is not None
+    with runner(catalog, tmp_path, CollectedOutput()) as fresh:
+        assert fresh.run().finished
+
+
+def test_of_two_runs_taking_over_one_dead_holder_one_wins(catalog: Catalog) -> None:
+    dead = catalog.acquire_lease(LEASE, "runner/h/m/1/dead", WRITER_LEASE_TTL_S)
+    catalog.acquire_lease(LEASE, "runner/h/m/2/first", WRITER_LEASE_TTL_S, take_over=dead)
+    with pytest.raises(LeaseHeld, match="runner/h/m/2/first"):
+        catalog.acquire_lease(LEASE, "runner/h/m/3/second", WRITER_LEASE_TTL_S, take_over=dead)
+
+
+def test_a_job_name_too_long_for_a_lease_name_gets_a_digest() -> None:
+    long_a, long_b = "j" * 200, "j" * 199 + "k"
+    names = {writer_lease_name(long_a), writer_lease_name(long_b)}
+    assert len(names) == 2 and all(len(n) <= 200 for n in names)
+    assert writer_lease_name("fraud") == "writer:fraud"

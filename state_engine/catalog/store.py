@@ -51,7 +51,11 @@ def as_seconds(ttl: float | timedelta) -> timedelta:
     return delta
 
 
-def check_name(value: object, what: str, max_length: int = 200) -> str:
+#: The longest name the catalog takes (jobs, leases, owners...) unless a column says otherwise.
+NAME_MAX_LENGTH = 200
+
+
+def check_name(value: object, what: str, max_length: int = NAME_MAX_LENGTH) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > max_length:
         raise InvalidCatalogInput(
             f"{what} must be a non-empty string of at most {max_length} characters, got {value!r}"

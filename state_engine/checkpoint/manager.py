@@ -264,8 +264,6 @@ class CheckpointManager:
     ) -> PendingSnapshot:
         """The synchronous phase; returns once every backend fixed its view."""
         started = time.perf_counter()
-        if self.writer_lease is not None:
-            self.writer_lease.check()  # a run that lost the job to another begins nothing
         kind_ = self._check_kind(kind, savepoint_dir)
         fmt = self._format_for(kind_, format)
         parallelism = self._check_subtasks(subtasks)
@@ -474,6 +472,7 @@ class CheckpointManager:
             trigger=trigger,
             savepoint_dir=savepoint_dir,
             parent_id=parent.id if parent is not None else None,
+            # raises WriterLeaseLost first: a run that lost the job to another begins nothing
             lease=None if self.writer_lease is None else self.writer_lease.fencing(),
             writer=None if self.writer_lease is None else self.writer_lease.owner,
         )

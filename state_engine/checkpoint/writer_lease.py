@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from state_engine.catalog.store import NAME_MAX_LENGTH
 from state_engine.errors import (
     JobAlreadyRunning,
     LeaseError,
@@ -51,14 +52,12 @@ log = logging.getLogger(__name__)
 
 #: How long a writer lease lives without renewal (seconds); renewed every third of it.
 WRITER_LEASE_TTL_S = 60.0
-#: Lease names are at most this long in the catalog.
-_MAX_LEASE_NAME = 200
 
 
 def writer_lease_name(job: str) -> str:
     """``writer:<job>``; a job name too long for a lease name keeps a prefix and a digest."""
     name = f"writer:{job}"
-    if len(name) <= _MAX_LEASE_NAME:
+    if len(name) <= NAME_MAX_LENGTH:
         return name
     digest = hashlib.sha256(job.encode()).hexdigest()[:16]
     return f"writer:{job[:150]}~{digest}"

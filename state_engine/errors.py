@@ -237,6 +237,11 @@ class MissingSnapshotFile(CheckpointError, FileNotFoundError):
     """A file that ``_metadata`` lists but storage does not hold."""
 
 
+class ReusedFileMissing(CheckpointError):
+    """An incremental snapshot reuses an earlier snapshot's file that the catalog no longer
+    knows: a retention or cleanup deleted it after the job last completed a checkpoint."""
+
+
 class SnapshotFileMismatch(CheckpointError):
     """A snapshot file whose size or checksum differs from what ``_metadata`` recorded."""
 

@@ -73,8 +73,10 @@ class FileRef:
     """A file to attach to a snapshot.
 
     ``shared`` files (e.g. RocksDB SSTs under ``shared/``) may be referenced by many snapshots;
-    any other file belongs to the one snapshot that registered it. ``operator`` is the operator
-    uid (created on first use); the key-group range is inclusive.
+    any other file belongs to the one snapshot that registered it. ``reused``: an earlier
+    snapshot's file that this one references again instead of writing it, so the catalog must
+    still know it. ``operator`` is the operator uid (created on first use); the key-group range
+    is inclusive.
     """
 
     path: str
@@ -86,6 +88,7 @@ class FileRef:
     key_group_start: int | None = None
     key_group_end: int | None = None
     details: dict[str, Any] | None = None
+    reused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -86,6 +87,7 @@ from state_engine.errors import (
     InvalidSnapshotTransition,
     NoSuchJob,
     NoSuchSnapshot,
+    ReusedFileMissing,
     StateRegistrationConflict,
 )
 from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
@@ -370,6 +372,25 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             stmt = window(_snapshots_stmt(job_row.id, status, kind), limit, offset)
             return [_snapshot(r, job_row.name) for r in s.scalars(stmt)]
 
+    def snapshots_under(self, location: str) -> list[SnapshotRecord]:
+        """Every snapshot, of any job, whose directory is ``location`` or inside it: the
+        attempts of one retried run, a savepoint directory used again, another job's savepoint
+        written below a directory (what removing that directory would remove)."""
+        loc = location.rstrip("/")
+        with self._read() as s:
+            rows = s.execute(
+                select(Snapshot, Job.name)
+                .join(Job, Job.id == Snapshot.job_id)
+                .where(
+                    or_(
+                        Snapshot.location.in_([loc, loc + "/"]),
+                        Snapshot.location.startswith(loc + "/", autoescape=True),
+                    )
+                )
+                .order_by(Snapshot.id)
+            )
+            return [_snapshot(snap, name) for snap, name in rows]
+
     def snapshots_page(
         self,
         job: str | int,
@@ -412,7 +433,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
 
         A new path is registered as created by this snapshot. A shared path already known (to this
         job) gets this snapshot as its last user. An exclusive path already registered by another
-        snapshot is refused with FileAlreadyRegistered, and nothing of the call is kept.
+        snapshot is refused with FileAlreadyRegistered, a ``reused`` path the catalog no longer
+        knows (deleted since the snapshot it came from) with ReusedFileMissing; nothing of a
+        refused call is kept.
         """
         refs = list(files)
         if not refs:
@@ -427,11 +450,15 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             bulk = Bulk(s.connection())
             m = bulk.mark
             where, paths = bulk.in_list("path", list(by_path))
+            # Locked on PostgreSQL: a concurrent forget_files (expire, orphan cleanup) either
+            # waits for this transaction and sees the new reference, or deletes the row first
+            # and this call refuses the reused path (SQLite's writer lock serialises the two).
             existing = bulk.select(
                 "SELECT path, id, job_id, size, checksum, created_by_snapshot_id "
-                f"FROM sk_files WHERE {where}",
+                f"FROM sk_files WHERE {where}{' FOR UPDATE' if bulk.postgres else ''}",
                 (paths,),
             )
+            _check_reused_known(refs, {row[0] for row in existing}, snap_id)
             path_ids: dict[str, int] = {}
             reused: list[int] = []
             for path, fid, file_job_id, size, checksum, created_by in existing:
@@ -778,11 +805,13 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             job_row = _resolve_job(s, job)
             rows: list[tuple[int, str, int]] = []
             for part in chunks(wanted):
+                # locked (PostgreSQL): a snapshot attaching one of them meanwhile either
+                # committed its reference first, and is seen here, or waits and finds it gone
                 rows.extend(
                     s.execute(
-                        select(File.id, File.path, File.live_refs).where(
-                            File.job_id == job_row.id, File.path.in_(part)
-                        )
+                        select(File.id, File.path, File.live_refs)
+                        .where(File.job_id == job_row.id, File.path.in_(part))
+                        .with_for_update()
                     ).all()
                 )
             live = [path for _, path, refs in rows if refs > 0]
@@ -1200,6 +1229,17 @@ def _check_file_refs(
                 "one path is one file"
             )
     return by_path
+
+
+def _check_reused_known(refs: list[FileRef], known: set[str], snap_id: int) -> None:
+    gone = [r.path for r in refs if r.reused and r.path not in known]
+    if gone:
+        raise ReusedFileMissing(
+            f"snapshot {snap_id} reuses {len(gone)} file(s) of earlier snapshots that the "
+            f"catalog no longer knows (e.g. {gone[0]}): an expire or cleanup deleted them after "
+            "the job last completed a checkpoint; this snapshot fails, and the job's next "
+            "checkpoint writes its state in full"
+        )
 
 
 def _check_reuse(

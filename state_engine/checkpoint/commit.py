@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,15 +78,18 @@ class PendingCommit:
         stats: Iterable[KeyGroupStatRow] = (),
         *,
         metadata_bytes: bytes | None = None,
+        reused: Collection[str] = (),
     ) -> tuple[int, int]:
         """Record the files of ``meta`` and its ``_metadata`` (``metadata_bytes``, default
         ``meta.to_json()``), then the key-group statistics; the snapshot stays PENDING.
+        ``reused``: its files that earlier snapshots wrote; the catalog refuses one it no
+        longer knows (ReusedFileMissing).
 
         Returns (bytes of the attached files, entries recorded): what ``complete`` would
         otherwise sum up again in SQL.
         """
         data = meta.to_json() if metadata_bytes is None else metadata_bytes
-        refs = file_refs(self.snapshot, meta, data)
+        refs = file_refs(self.snapshot, meta, data, reused)
         rows = list(stats)
         # One transaction (one BEGIN/COMMIT, not one per call): once it commits, the catalog
         # knows the files and a concurrent orphan cleanup judges them as referenced.
@@ -238,8 +241,9 @@ def abandon(
     The row goes PENDING -> FAILED (and -> DISCARDED with ``discard``), the catalog forgets
     the files in its directory (under the job's file lease; if another deleter holds it, the
     expire job forgets them later), and its files are removed: ``created`` (snapshot-relative,
-    e.g. ``../shared/`` uploads) and the whole directory. Each step is best effort, so the
-    error that failed the snapshot is the one its writer sees.
+    e.g. ``../shared/`` uploads) and the whole directory, unless another live snapshot has
+    that directory (a later attempt's savepoint). Each step is best effort, so the error that
+    failed the snapshot is the one its writer sees.
     """
     status = _status(catalog, record.id)
     if status is SnapshotStatus.COMPLETED:
@@ -259,22 +263,35 @@ def abandon(
     snap = snapshot if snapshot is not None else SnapshotDir.from_url(record.location)
     with contextlib.suppress(Exception):
         _forget_own_files(catalog, record, snap)
-    with contextlib.suppress(Exception):
-        _remove(snap, created, storage)
+    if not _location_in_use(catalog, record):
+        with contextlib.suppress(Exception):
+            _remove(snap, created, storage)
     if discard:
         with contextlib.suppress(InvalidSnapshotTransition, CommitConflict):
             catalog.discard_snapshot(record.id)
     return True
 
 
-def file_refs(snap: SnapshotDir, meta: SnapshotMetadata, metadata_bytes: bytes) -> list[FileRef]:
-    """The catalog's references of every file ``meta`` lists, and of ``_metadata`` itself."""
+def file_refs(
+    snap: SnapshotDir,
+    meta: SnapshotMetadata,
+    metadata_bytes: bytes,
+    reused: Collection[str] = (),
+) -> list[FileRef]:
+    """The catalog's references of every file ``meta`` lists (those in ``reused`` marked so),
+    and of ``_metadata`` itself."""
     by_path = {f.path: f for f in meta.files}
+    again = set(reused)
 
     def ref(path: str, **where: Any) -> FileRef:
         f = by_path[path]
         return FileRef(
-            snap.url_of(path), f.size, f.checksum, details={"kind": str(f.kind)}, **where
+            snap.url_of(path),
+            f.size,
+            f.checksum,
+            details={"kind": str(f.kind)},
+            reused=path in again,
+            **where,
         )
 
     refs: list[FileRef] = []
@@ -303,6 +320,20 @@ def file_refs(snap: SnapshotDir, meta: SnapshotMetadata, metadata_bytes: bytes) 
         )
     )
     return refs
+
+
+def _location_in_use(catalog: Catalog, record: SnapshotRecord) -> bool:
+    """Whether another PENDING or COMPLETED snapshot has ``record``'s directory or one inside
+    it (a retry of the same run into a fixed savepoint directory): then what ``record`` left
+    there is orphan cleanup's. True when the catalog cannot say."""
+    try:
+        others = catalog.snapshots_under(record.location)
+    except StatekeeperError:
+        return True
+    return any(
+        s.id != record.id and s.status in (SnapshotStatus.PENDING, SnapshotStatus.COMPLETED)
+        for s in others
+    )
 
 
 def _status(catalog: Catalog, snapshot_id: int) -> SnapshotStatus | None:

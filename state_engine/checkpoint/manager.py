@@ -65,6 +65,7 @@ from state_engine.checkpoint.storage import (
     SnapshotDir,
 )
 from state_engine.checkpoint.strategies import (
+    SHARED_PREFIX,
     CanonicalSnapshotStrategy,
     Capture,
     SubtaskResult,
@@ -78,6 +79,8 @@ from state_engine.errors import (
     InvalidSnapshotRequest,
     InvalidSnapshotTransition,
     LeaseError,
+    MissingSnapshotFile,
+    ReusedFileMissing,
     SnapshotCancelled,
     StatekeeperError,
 )
@@ -538,6 +541,8 @@ class CheckpointManager:
                 # snapshot is COMPLETED and restorable, so its files must stay.
                 raise
             job.committed = False
+            if isinstance(exc, (ReusedFileMissing, MissingSnapshotFile)):
+                self._reuse_nothing()
             for c in job.captures:
                 c.abandon()
             if job.child is not None:
@@ -554,6 +559,24 @@ class CheckpointManager:
         job.stats.entries = record.entries
         self._completed(job, record, meta, results)
         return record
+
+    def _reused(self, meta: SnapshotMetadata) -> list[str]:
+        """The files of ``meta`` that earlier snapshots wrote: another snapshot's directory
+        (a delta chain), or a ``shared/`` file offered by the registry. A shared file the
+        snapshot wrote itself is never in the registry: its name was new."""
+        return [
+            f.path
+            for f in meta.files
+            if f.shared
+            and (not f.path.startswith(SHARED_PREFIX) or self.registry.lookup(f.path) is not None)
+        ]
+
+    def _reuse_nothing(self) -> None:
+        """A file this job meant to reuse is gone (an expire or cleanup outside the job deleted
+        it): the next checkpoint reuses no earlier file and writes the state in full, as after
+        a NO_CLAIM restore, so one failed checkpoint is all the job loses."""
+        self.registry.clear()
+        self._force_full = True
 
     def _completed_in_catalog(self, snapshot_id: int) -> bool:
         try:
@@ -712,7 +735,7 @@ class CheckpointManager:
             stats.extend(
                 KeyGroupStatRow(uid, kg, s.rows, s.bytes) for kg, s in sorted(merged.items())
             )
-        job.catalog_totals = job.commit.attach(meta, stats)
+        job.catalog_totals = job.commit.attach(meta, stats, reused=self._reused(meta))
         by_path = {f.path: f for f in meta.files}
         job.stats.bytes_written = sum(r.bytes_written for r in results) + sum(
             by_path[p].size for op in meta.operators for p in op.operator_state_files

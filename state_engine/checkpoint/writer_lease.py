@@ -30,6 +30,7 @@ import os
 import socket
 import threading
 import uuid
+from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,17 @@ def writer_lease_name(job: str) -> str:
         return name
     digest = hashlib.sha256(job.encode()).hexdigest()[:16]
     return f"writer:{job[:150]}~{digest}"
+
+
+def running_writer(catalog: Catalog, job: str) -> str | None:
+    """The owner of ``job``'s live writer lease: the run checkpointing the job now, if any."""
+    lease = catalog.get_lease(writer_lease_name(job))
+    if lease is None or lease.released_at is not None:
+        return None
+    expires = lease.expires_at
+    if expires.tzinfo is None:  # SQLite gives naive UTC
+        expires = expires.replace(tzinfo=UTC)
+    return lease.owner if expires > catalog.now() else None
 
 
 def _read(path: str) -> str:

@@ -9,9 +9,17 @@ named in ``savepoints`` (by snapshot id or directory name) go.
 Under the job's file lease (see :mod:`state_engine.jobs.deletion`): the selected snapshots become
 DISCARDED (which drops their references), then every file of the job the catalog calls releasable
 (no PENDING or COMPLETED snapshot references it; re-checked inside ``forget_files``) is forgotten
-and deleted, then the emptied ``chk-<n>/`` and savepoint directories are removed. A running job's
-next checkpoint is safe: it only reuses files of its parent, the latest completed checkpoint,
-which never expires. ``dry_run`` computes the same selection and files and changes nothing.
+and deleted, then the emptied ``chk-<n>/`` and savepoint directories are removed.
+
+A running job's next checkpoint is safe. It reuses files of the checkpoints it wrote itself (a
+delta chain, RocksDB SSTs), and the newest of those need not be the catalog's latest (a
+compaction's output may be newer; an overlapping checkpoint may extend an older chain). So
+while a run holds the job's writer lease, the files of the expired checkpoints it wrote are
+left to the job (reported as ``files_deferred_to_running_job``): its own retention deletes them
+once it no longer builds on them, or the next expire after it stopped. Should a file a job
+reuses be gone anyway (a job run without the lease), the catalog refuses that checkpoint
+(ReusedFileMissing) and the job writes its next one in full. ``dry_run`` computes the same
+selection and files and changes nothing.
 
 Stale commits (``abort_pending_older_than``): a PENDING snapshot begun before that cut-off is a
 commit whose writer died (a killed job, a lost Spark driver; Flink too aborts a checkpoint that
@@ -34,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint.storage import remove_empty_dirs
+from state_engine.checkpoint.writer_lease import running_writer
 from state_engine.errors import (
     CommitConflict,
     InvalidJobParams,
@@ -142,19 +151,26 @@ def plan_expiry(
                 f"(checkpoint {completed[0].checkpoint_id}) too; nothing was deleted: add "
                 "retain_last >= 1 or choose an earlier older_than"
             )
-    by_name: dict[str, SnapshotRecord] = {}
+    by_name: dict[str, dict[int, SnapshotRecord]] = {}
     for s in snapshots:
         if s.kind is SnapshotKind.SAVEPOINT:
-            by_name[str(s.id)] = s
-            by_name.setdefault(posixpath.basename(s.location.rstrip("/")), s)
-            by_name.setdefault(s.location.rstrip("/"), s)
+            location = s.location.rstrip("/")
+            for key in (str(s.id), posixpath.basename(location), location):
+                by_name.setdefault(key, {})[s.id] = s
     for name in savepoints:
-        savepoint = by_name.get(name.rstrip("/"))
-        if savepoint is None:
+        matches = by_name.get(name.rstrip("/"), {})
+        if not matches:
             raise NoSuchSnapshot(
                 f"job {job!r} has no savepoint {name!r} (give a savepoint's snapshot id or "
                 f"directory name); nothing was deleted: list them with `statectl snapshots {job}`"
             )
+        if len(matches) > 1:
+            named = ", ".join(f"{s.id} ({s.location})" for s in matches.values())
+            raise InvalidJobParams(
+                f"savepoint {name!r} of job {job!r} could be any of snapshots {named}; nothing "
+                "was deleted: name it by its snapshot id or its full location"
+            )
+        (savepoint,) = matches.values()
         if savepoint.status not in (SnapshotStatus.COMPLETED, SnapshotStatus.FAILED) or (
             savepoint in selected
         ):
@@ -172,6 +188,15 @@ def plan_expiry(
         ]
     )
     return ExpiryPlan(selected, kept, cutoff, stale, pending_cutoff)
+
+
+def deferred_to_running_job(catalog: Catalog, job: str, plan: ExpiryPlan) -> set[str]:
+    """Files of the expiring checkpoints that the job's running writer wrote: it may build on
+    them still, so its own retention deletes them (see the module docstring)."""
+    owner = running_writer(catalog, job)
+    if owner is None:
+        return set()
+    return {f.path for s in plan.expire if s.writer == owner for f in catalog.snapshot_files(s.id)}
 
 
 def would_release(catalog: Catalog, job: str, plan: ExpiryPlan) -> dict[str, int]:
@@ -279,7 +304,9 @@ def run(
         "pending_cutoff": plan.pending_cutoff.isoformat() if plan.pending_cutoff else None,
     }
     if dry_run:
-        files = would_release(catalog, job, plan)
+        found = would_release(catalog, job, plan)
+        deferred = deferred_to_running_job(catalog, job, plan) & found.keys()
+        files = {p: n for p, n in found.items() if p not in deferred}
         return JobResult(
             stats={
                 **base,
@@ -290,6 +317,7 @@ def run(
                 "checkpoints_kept": len(plan.kept_checkpoints),
                 "files_found": len(files),
                 "bytes_found": sum(files.values()),
+                "files_deferred_to_running_job": len(deferred),
                 "files_deleted": 0,
                 "bytes_deleted": 0,
                 "would_delete": deletion.limited(
@@ -302,10 +330,13 @@ def run(
         plan = plan_now()
         hooks.call("after_plan", KIND, job)
         lease.check()
+        deferred = deferred_to_running_job(catalog, job, plan)  # before discarding drops refs
         aborted = [s for s in plan.abort if _abort(catalog, s, ctx.run_id)]
         expired = [s for s in plan.expire if _discard(catalog, s)]
         crash_point("expire.after_discard")
-        files = {f.path: f.size for f in catalog.releasable_files(job)}
+        found = {f.path: f.size for f in catalog.releasable_files(job)}
+        deferred &= found.keys()
+        files = {p: n for p, n in found.items() if p not in deferred}
         done = forget_and_delete(
             catalog, lease, files, spark=spark, spark_min_files=spark_min_files, threads=threads
         )
@@ -329,6 +360,7 @@ def run(
             "checkpoints_kept": len(plan.kept_checkpoints),
             "files_found": len(files),
             "bytes_found": sum(files.values()),
+            "files_deferred_to_running_job": len(deferred),
             "files_deleted": done.files,
             "bytes_deleted": done.bytes,
             "files_already_gone": done.missing,

@@ -11,7 +11,9 @@ before ``older_than`` (default 3 days). Never deleted, whatever their age:
 * unknown files under ``shared/`` while the job has a PENDING snapshot: an incremental checkpoint
   writes its new shared files (outside its directory) before attaching them too;
 * the ``_metadata`` of a COMPLETED snapshot (it is attached anyway; this guards a catalog that
-  lost the row).
+  lost the row);
+* anything under the directory of another job's snapshot: a savepoint directory this job used
+  once (and expired) may hold another job's savepoint now.
 
 Why that is enough: storage is listed first and the catalog read after. A file in the listing
 existed before that read, and every file is written after its snapshot began, so its snapshot
@@ -77,22 +79,41 @@ class OrphanPlan:
     deferred_shared: list[str] = field(default_factory=list)
     pending_dirs: list[str] = field(default_factory=list)
     pending_snapshots: list[int] = field(default_factory=list)
+    other_jobs: int = 0
 
 
-def list_roots(catalog: Catalog, job: str, job_dir_url: str, storage: Any) -> list[Listed]:
-    """Every file under the job's directory and its savepoint directories elsewhere."""
+def savepoint_roots(catalog: Catalog, job: str, job_dir_url: str) -> list[str]:
+    """The directories of the job's savepoints outside its job directory."""
     base = job_dir_url.rstrip("/")
-    found = [Listed(f"{base}/{f.path}", f.size, f.modified) for f in storage.list_files(job)]
-    outside = sorted(
+    return sorted(
         {
             s.location.rstrip("/")
             for s in catalog.list_snapshots(job, kind=SnapshotKind.SAVEPOINT)
             if not s.location.startswith(base + "/")
         }
     )
-    for root in outside:
+
+
+def list_roots(catalog: Catalog, job: str, job_dir_url: str, storage: Any) -> list[Listed]:
+    """Every file under the job's directory and its savepoint directories elsewhere."""
+    base = job_dir_url.rstrip("/")
+    found = [Listed(f"{base}/{f.path}", f.size, f.modified) for f in storage.list_files(job)]
+    for root in savepoint_roots(catalog, job, job_dir_url):
         found.extend(_list_dir(root))
     return found
+
+
+def other_jobs_dirs(catalog: Catalog, job: str, job_dir_url: str) -> list[str]:
+    """Directories (with a trailing slash) of other jobs' snapshots inside this job's roots."""
+    roots = [job_dir_url.rstrip("/"), *savepoint_roots(catalog, job, job_dir_url)]
+    return sorted(
+        {
+            s.location.rstrip("/") + "/"
+            for root in roots
+            for s in catalog.snapshots_under(root)
+            if s.job != job
+        }
+    )
 
 
 def _list_dir(url: str) -> list[Listed]:
@@ -113,6 +134,7 @@ def classify(
         if s.status is SnapshotStatus.COMPLETED
     }
     shared = job_dir_url.rstrip("/") + f"/{SHARED_DIR}/"
+    foreign = tuple(other_jobs_dirs(catalog, job, job_dir_url))
     plan = OrphanPlan(
         pending_dirs=[d.rstrip("/") for d in pending_dirs],
         pending_snapshots=[s.id for s in pending],
@@ -122,6 +144,9 @@ def classify(
             continue
         if any(f.url.startswith(d) for d in pending_dirs):
             plan.protected_pending.append(f.url)
+            continue
+        if foreign and f.url.startswith(foreign):
+            plan.other_jobs += 1
             continue
         if pending and f.url.startswith(shared):
             plan.deferred_shared.append(f.url)
@@ -143,6 +168,7 @@ def _stats(plan: OrphanPlan) -> dict[str, Any]:
         "kept_too_young": plan.too_young,
         "kept_unknown_age": plan.unknown_age,
         "kept_pending": len(plan.protected_pending),
+        "kept_other_jobs": plan.other_jobs,
         "deferred_shared": len(plan.deferred_shared),
         "pending_snapshots": plan.pending_snapshots,
     }

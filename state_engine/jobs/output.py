@@ -191,7 +191,8 @@ def previous_output(catalog: Catalog, job: str, tag: str) -> SnapshotRecord | No
     """The COMPLETED snapshot an earlier attempt of the run committed; abandons any other.
 
     An attempt that died after reserving its snapshot leaves it PENDING (or FAILED) with files:
-    those are failed, forgotten and removed here, so the retry writes the output once.
+    those are failed, forgotten and removed here, so the retry writes the output once (never
+    the directory of the COMPLETED output, when attempts share a fixed savepoint directory).
     """
     done = None
     for snap in catalog.list_snapshots(job):

@@ -12,7 +12,7 @@ from sqlalchemy import event, func, select
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
 from state_engine.catalog.models import RETAINED_STATUSES, File, Snapshot, SnapshotFile
-from state_engine.errors import FileAlreadyRegistered, InvalidCatalogInput
+from state_engine.errors import FileAlreadyRegistered, InvalidCatalogInput, ReusedFileMissing
 
 
 def _snapshot(catalog: Catalog, job: str = "orders", max_parallelism: int = 128) -> int:
@@ -275,3 +275,74 @@ def test_new_files_get_fresh_ids_after_the_newest_was_forgotten(catalog: Catalog
     files = catalog.snapshot_files(second)
     assert len({f.file_id for f in files}) == 3
     assert {f.path for f in catalog.snapshot_files(first)} == {"/o/chk-1/0", "/o/chk-1/1"}
+
+
+def _forgotten_shared_file(catalog: Catalog) -> tuple[FileRef, int]:
+    """A shared file of a subsumed snapshot, forgotten by a deleter (as expire does); the
+    PENDING snapshot that meant to reuse it."""
+    first = _snapshot(catalog)
+    sst = FileRef("/o/shared/1.sst", 500, checksum="c1", shared=True, operator="agg")
+    catalog.attach_files(first, [sst])
+    catalog.complete_snapshot(first, 0)
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    catalog.subsume_snapshot(first)
+    token = catalog.acquire_lease("files", "expire", 60)
+    assert catalog.forget_files("orders", [sst.path], lease="files", token=token) == 1
+    return FileRef(sst.path, sst.size, sst.checksum, shared=True, reused=True), second
+
+
+def test_a_reused_file_the_catalog_forgot_is_refused_and_nothing_is_kept(
+    catalog: Catalog,
+) -> None:
+    reused, second = _forgotten_shared_file(catalog)
+    new = FileRef("/o/shared/2.sst", 7, shared=True, operator="agg")
+    with pytest.raises(ReusedFileMissing, match=r"reuses 1 file\(s\).*/o/shared/1.sst"):
+        catalog.attach_files(second, [new, reused])
+    assert catalog.snapshot_files(second) == []
+    assert catalog.known_paths("orders") == set()
+    # the same path written anew by the snapshot (not reused) is registered as its own
+    fresh = FileRef(reused.path, reused.size, reused.checksum, shared=True)
+    assert catalog.attach_files(second, [new, fresh]) == 2
+    assert {f.created_by_snapshot_id for f in catalog.snapshot_files(second)} == {second}
+
+
+@pytest.mark.postgres
+def test_forgetting_locks_the_rows_a_concurrent_attach_would_reference(
+    pg_catalog: Catalog, postgres_catalog_url: str
+) -> None:
+    """READ COMMITTED: without the row locks, an attach committing between forget_files' check
+    of live_refs and its delete would lose its reference silently, and the file be deleted."""
+    import psycopg
+
+    catalog = pg_catalog
+    first = _snapshot(catalog)
+    sst = FileRef("/o/shared/1.sst", 500, checksum="c1", shared=True, operator="agg")
+    catalog.attach_files(first, [sst])
+    catalog.complete_snapshot(first, 0)
+    catalog.subsume_snapshot(first)
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    token = catalog.acquire_lease("files", "expire", 60)
+    dsn = postgres_catalog_url.replace("postgresql+psycopg://", "postgresql://")
+    seen: list[str] = []
+
+    def before_delete(conn, cursor, statement, params, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if seen or not statement.lstrip().upper().startswith("DELETE FROM SK_SNAPSHOT_FILES"):
+            return
+        with psycopg.connect(dsn) as other:  # another session, as a running job's attach
+            try:
+                other.execute(
+                    "SELECT id FROM sk_files WHERE path = %s FOR UPDATE NOWAIT", (sst.path,)
+                )
+                seen.append("unlocked")
+            except psycopg.errors.LockNotAvailable:
+                seen.append("locked")
+
+    event.listen(catalog.engine, "before_cursor_execute", before_delete)
+    try:
+        assert catalog.forget_files("orders", [sst.path], lease="files", token=token) == 1
+    finally:
+        event.remove(catalog.engine, "before_cursor_execute", before_delete)
+    assert seen == ["locked"]
+    # the attach that waited finds the row gone and refuses the reference
+    with pytest.raises(ReusedFileMissing):
+        catalog.attach_files(second, [FileRef(sst.path, 500, "c1", shared=True, reused=True)])

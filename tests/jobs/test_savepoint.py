@@ -214,6 +214,39 @@ def test_a_retry_into_a_fixed_savepoint_dir_cleans_the_first_attempt_and_succeed
     assert again["skipped"] is True
 
 
+def test_a_third_attempt_keeps_the_savepoint_the_second_committed_in_the_same_dir(
+    spark: Any, catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 1 fails (its row FAILED, directory removed); attempt 2 commits the savepoint
+    into the same fixed directory, but its driver dies before the run is recorded; attempt 3
+    cleans attempt 1 again and must not remove the directory attempt 2's savepoint lives in."""
+    storage = CheckpointStorage((tmp_path / "checkpoints").as_uri())
+    made = make_snapshot(catalog, storage)
+    target = (tmp_path / "sp").as_uri()
+    real_complete, real_finish = catalog.complete_snapshot, catalog.finish_run
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("catalog connection dropped")
+
+    monkeypatch.setattr(catalog, "complete_snapshot", lost)
+    with pytest.raises(MaintenanceJobFailed):
+        savepoint.run(spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx")
+    monkeypatch.setattr(catalog, "complete_snapshot", real_complete)
+    monkeypatch.setattr(catalog, "finish_run", lost)
+    with pytest.raises(OSError, match="connection dropped"):
+        savepoint.run(spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx")
+    monkeypatch.setattr(catalog, "finish_run", real_finish)
+    (done,) = catalog.list_snapshots("orders", status="COMPLETED", kind="SAVEPOINT")
+
+    report = savepoint.run(
+        spark, catalog, snapshot=made.record.id, savepoint_dir=target, run_id="fx"
+    )
+    assert report["status"] == "SUCCEEDED" and report["output_snapshot_id"] == done.id
+    assert catalog.get_snapshot(done.id).status is SnapshotStatus.COMPLETED
+    out = SnapshotDir.from_url(done.location)
+    verify(out, read_metadata(out), deep=True)
+
+
 def test_a_retry_after_a_crash_past_metadata_reuses_the_fixed_savepoint_dir(
     spark: Any, catalog: Catalog, tmp_path: Path
 ) -> None:

@@ -16,13 +16,27 @@ in ``details``; shared RocksDB files are registered once and referenced by every
 uses them; key-group byte sizes are recorded where the handles give offsets.
 
 Running it again syncs: snapshots already imported are left alone, new ones are added, and
-imported snapshots whose ``_metadata`` is gone are marked DISCARDED with the reason. A directory
-belongs to one job (``sk_job_dirs``): importing it under another name is refused before anything
-is written. A crash leaves at most one PENDING snapshot, which the next import completes.
+imported snapshots whose ``_metadata`` is gone are marked DISCARDED with the reason -- only those
+the synced directory's own listing looks for (``chk-N`` of a job directory, the savepoints of a
+savepoint directory), not those of another, nested claimed directory, and only after asking the
+store that the ``_metadata`` is really gone. A claimed directory that is missing altogether is
+reported under ``missing_directories`` and its snapshots are left as they are (an unmounted volume
+or a rename is not the end of its checkpoints). A ``_metadata`` at the location of a snapshot the
+catalog DISCARDED that is not the file discarded (see :mod:`state_engine.flink.discarded`) is a
+new snapshot: reported, and pinned by expire and orphan cleanup, since the catalog keeps one
+snapshot per checkpoint id.
+
+Directories are recorded under one spelling (``.`` and ``//`` folded, links resolved on local
+storage): a directory imported through a link is the directory Flink wrote to. A directory belongs
+to one job (``sk_job_dirs``), and so does a file: importing a directory under another name, or
+snapshots that reference files another job holds (a NO_CLAIM restore of that job's snapshot), is
+refused before anything is written. A crash leaves at most one PENDING snapshot, which the next
+import completes.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import struct
@@ -30,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
-from state_engine.catalog.records import SnapshotRecord
+from state_engine.catalog.records import JobRecord, SnapshotRecord
 from state_engine.checkpoint.storage import FileStore
 from state_engine.collector import collector_paused
 from state_engine.errors import (
@@ -41,6 +55,7 @@ from state_engine.errors import (
     NoSuchJob,
 )
 from state_engine.faults import crash_point
+from state_engine.flink.discarded import is_discarded_metadata, metadata_stamp
 from state_engine.flink.metadata import (
     INLINE,
     KEY_GROUPS,
@@ -50,6 +65,7 @@ from state_engine.flink.metadata import (
     FlinkSnapshotMetadata,
     KeyedStateHandle,
     metadata_from_bytes,
+    normalize_location,
     read_metadata,
 )
 from state_engine.snapshot_enums import SnapshotStatus
@@ -91,23 +107,25 @@ class Listing:
     def root_url(self) -> str:
         return self.to_url(self.root)
 
+    def looks_in(self, directory: str) -> bool:
+        """Whether this listing's role looks for a snapshot's ``_metadata`` in ``directory`` (a
+        path on the store): the root of a savepoint, a ``chk-N`` of a job directory, a child of a
+        directory of savepoints."""
+        if directory != self.root and not directory.startswith(self.root.rstrip("/") + "/"):
+            return False
+        depth = _depth(directory, self.root)
+        if self.role == ROLE_SAVEPOINT:
+            return depth == 0
+        if self.role == ROLE_CHECKPOINTS:
+            return depth == 1 and bool(CHK_DIR.match(posixpath.basename(directory)))
+        return depth == 1
+
     def metadata_files(self) -> list[str]:
         """Paths of the completed snapshots' ``_metadata`` under the root."""
-        out = []
         suffix = "/" + METADATA_FILE_NAME
-        for p in self.files:
-            if not p.endswith(suffix):
-                continue
-            parent = posixpath.dirname(p)
-            depth = _depth(parent, self.root)
-            wanted = {
-                ROLE_SAVEPOINT: depth == 0,
-                ROLE_CHECKPOINTS: depth == 1 and bool(CHK_DIR.match(posixpath.basename(parent))),
-                ROLE_SAVEPOINTS: depth == 1,
-            }
-            if wanted[self.role]:
-                out.append(p)
-        return sorted(out)
+        return sorted(
+            p for p in self.files if p.endswith(suffix) and self.looks_in(posixpath.dirname(p))
+        )
 
 
 @dataclass
@@ -142,7 +160,10 @@ class ImportReport:
         for s in self.skipped:
             lines.append(f"  ! {s['location']}: {s['reason']}")
         for d in self.missing_directories:
-            lines.append(f"  ! directory gone: {d}")
+            lines.append(
+                f"  ! directory gone: {d}; its snapshots are kept as they were: sync again "
+                "once it is back"
+            )
         return "\n".join(lines)
 
 
@@ -153,10 +174,19 @@ def _depth(path: str, root: str) -> int:
     return rel.count("/") + 1
 
 
+def normalize_root(store: FileStore, path: str) -> str:
+    """One spelling of a directory: ``.``, ``..`` and doubled slashes folded and, on local storage,
+    links resolved. A directory imported through a link (``/data -> /mnt/disk1/data``) or as
+    ``<root>/./<job>`` is then the directory Flink wrote to, one claimed directory whatever the
+    spelling, and every file in it has the spelling its listing gives."""
+    path = normalize_location(path.rstrip("/") or "/")
+    return os.path.realpath(path) if store.is_local else path
+
+
 def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> Listing | None:
     """List ``url`` once and classify it; None if it does not exist."""
     store, root = FileStore.at(url, storage_options)
-    root = root.rstrip("/") or "/"
+    root = normalize_root(store, root)
     if not store.exists(root):
         return None
     if not store.isdir(root):
@@ -386,23 +416,83 @@ def import_flink(
         return _import(catalog, paths, job, storage_options)
 
 
+@dataclass
+class _ToImport:
+    """A snapshot on disk to bring into the catalog (``prior``: the PENDING record a crash left)."""
+
+    listing: Listing
+    meta: FlinkSnapshotMetadata
+    location: str
+    prior: SnapshotRecord | None
+    refs: list[FileRef]
+
+
 def _import(
     catalog: Catalog, paths: list[str], job: str, storage_options: dict[str, Any] | None
 ) -> ImportReport:
     if not paths:
         raise FlinkImportError("name at least one Flink checkpoint or savepoint directory")
     report = ImportReport(job)
-    known_dirs: dict[str, str] = {}
+    record = _flink_job(catalog, job)
+    known_dirs = dict(catalog.job_directories(job)) if record is not None else {}
+    listings = _list_directories(catalog, paths, job, known_dirs, storage_options, report)
+    found = _read_snapshots(listings, report)
+    if not found and not known_dirs and not report.missing_directories:
+        raise FlinkImportError(
+            f"no completed Flink snapshot (a chk-N or savepoint directory with a _metadata) under "
+            f"{', '.join(paths)}; nothing was imported"
+        )
+    existing = {s.checkpoint_id: s for s in catalog.list_snapshots(job)} if record else {}
+    todo, present = _plan(found, existing, report)
+    # Checked before anything is written: the catalog stays as it was.
+    _refuse_files_of_other_jobs(catalog, job, todo, report.directories)
+
+    if record is None:
+        max_p = max((_catalog_parallelism(m)[1] for _, m in found), default=None)
+        location = next((lst.root_url for lst in listings if lst.role == ROLE_CHECKPOINTS), None)
+        catalog.register_job(
+            job,
+            max_parallelism=max_p or 128,
+            location=location or (listings[0].root_url if listings else None),
+            properties={"flink": {"directories": report.directories}},
+            origin="flink",
+        )
+    for listing in listings:
+        catalog.claim_directory(job, listing.root_url, listing.role)
+    for item in todo:
+        _write_snapshot(catalog, job, item, report)
+    _mark_vanished(catalog, job, listings, present, report)
+    return report
+
+
+def _flink_job(catalog: Catalog, job: str) -> JobRecord | None:
+    """The catalog's record of ``job`` (None if there is none yet); it must be a Flink job."""
     try:
-        known_dirs = dict(catalog.job_directories(job))
+        record = catalog.get_job(job)
     except NoSuchJob:
-        known_dirs = {}
+        return None
+    if record.origin != "flink":
+        raise FlinkImportError(
+            f"job {job!r} is a Statekeeper job, not a Flink one; import the Flink directories "
+            "under another job name"
+        )
+    return record
+
+
+def _list_directories(
+    catalog: Catalog,
+    paths: list[str],
+    job: str,
+    known_dirs: dict[str, str],
+    storage_options: dict[str, Any] | None,
+    report: ImportReport,
+) -> list[Listing]:
     listings: list[Listing] = []
     for url in paths:
         listing = list_directory(url, storage_options)
         if listing is None:
             store, root = FileStore.at(url, storage_options)
-            root_url = store.url_of(root.rstrip("/"))
+            root_url = store.url_of(normalize_root(store, root))
             if root_url in known_dirs:
                 report.missing_directories.append(root_url)
                 continue
@@ -411,15 +501,21 @@ def _import(
             )
         owner = catalog.directory_owner(listing.root_url)
         if owner is not None and owner != job:
-            # Checked before anything is written: the catalog stays as it was.
             raise FlinkDirectoryClaimed(
                 f"{listing.root_url} was already imported as job {owner!r}; one directory belongs "
                 f"to one job: sync it with `statectl flink import {url} --job {owner}` instead"
             )
-        listings.append(listing)
-        report.directories.append(listing.root_url)
+        if listing.root_url not in report.directories:  # one directory under two spellings
+            listings.append(listing)
+            report.directories.append(listing.root_url)
+    return listings
 
-    # Parse every _metadata before writing anything: a corrupt one fails the import cleanly.
+
+def _read_snapshots(
+    listings: list[Listing], report: ImportReport
+) -> list[tuple[Listing, FlinkSnapshotMetadata]]:
+    """Parse every ``_metadata`` before writing anything: a corrupt one fails the import cleanly.
+    Records the ``chk-N`` directories without one in ``report.in_flight``."""
     found: list[tuple[Listing, FlinkSnapshotMetadata]] = []
     ckpt_dirs = [lst.root for lst in listings if lst.role == ROLE_CHECKPOINTS]
     for listing in listings:
@@ -433,10 +529,10 @@ def _import(
                 if listing.role == ROLE_CHECKPOINTS
                 else (ckpt_dirs[0] if ckpt_dirs else None)
             )
-            exists = listing.exists
-
             try:
-                meta = metadata_from_bytes(bytes(data), mpath, job_dir=job_dir, exists=exists)
+                meta = metadata_from_bytes(
+                    bytes(data), mpath, job_dir=job_dir, exists=listing.exists
+                )
             except FlinkMetadataError as exc:
                 raise FlinkMetadataError(f"{exc}; nothing was imported") from None
             found.append((listing, meta))
@@ -453,116 +549,158 @@ def _import(
                         and f"{parent}/{METADATA_FILE_NAME}" not in listing.files
                     ):
                         report.in_flight.append(listing.to_url(parent))
-    if not found and not known_dirs and not report.missing_directories:
-        raise FlinkImportError(
-            f"no completed Flink snapshot (a chk-N or savepoint directory with a _metadata) under "
-            f"{', '.join(paths)}; nothing was imported"
-        )
+    return found
 
-    max_p = max((_catalog_parallelism(m)[1] for _, m in found), default=None)
-    try:
-        record = catalog.get_job(job)
-    except NoSuchJob:
-        record = None
-    if record is None:
-        location = next((lst.root_url for lst in listings if lst.role == ROLE_CHECKPOINTS), None)
-        record = catalog.register_job(
-            job,
-            max_parallelism=max_p or 128,
-            location=location or (listings[0].root_url if listings else None),
-            properties={"flink": {"directories": report.directories}},
-            origin="flink",
-        )
-    elif record.origin != "flink":
-        raise FlinkImportError(
-            f"job {job!r} is a Statekeeper job, not a Flink one; import the Flink directories "
-            "under another job name"
-        )
-    for listing in listings:
-        catalog.claim_directory(job, listing.root_url, listing.role)
 
-    existing = {s.checkpoint_id: s for s in catalog.list_snapshots(job)}
-    present_locations: set[str] = set()
+def _plan(
+    found: list[tuple[Listing, FlinkSnapshotMetadata]],
+    existing: dict[int, SnapshotRecord],
+    report: ImportReport,
+) -> tuple[list[_ToImport], set[str]]:
+    """What to import (in checkpoint id order) and the locations of every snapshot on disk;
+    the snapshots left alone go to the report."""
+    todo: list[_ToImport] = []
+    present: set[str] = set()
     for listing, meta in sorted(found, key=lambda lm: lm[1].checkpoint_id):
         location = listing.to_url(meta.directory)
-        present_locations.add(location)
+        if location in present:
+            continue  # found by two listings (a savepoint directory inside a claimed one)
+        present.add(location)
         prior = existing.get(meta.checkpoint_id)
-        if prior is not None and prior.location != location:
-            report.skipped.append(
+        if (
+            prior is not None
+            and prior.location == location
+            and prior.status is SnapshotStatus.COMPLETED
+        ):
+            report.unchanged.append(prior.checkpoint_id)
+            continue
+        reason = _not_imported_because(listing, meta, location, prior)
+        if reason is None and prior is None:
+            missing = sorted(
                 {
-                    "checkpoint_id": meta.checkpoint_id,
-                    "location": location,
-                    "reason": f"checkpoint id {meta.checkpoint_id} is already snapshot "
-                    f"{prior.id} at {prior.location} (another run of the job?); import it under "
-                    "another job name",
+                    r.handle.location or r.handle.name
+                    for r in meta.file_references()
+                    if not r.handle.exists
                 }
             )
-            continue
-        if prior is not None and prior.status is not SnapshotStatus.PENDING:
-            if prior.status is SnapshotStatus.COMPLETED:
-                report.unchanged.append(prior.checkpoint_id)
-            else:
+            if missing:
+                # Not restorable as it is (a later sync imports it once the files are back).
+                reason = (
+                    f"{len(missing)} file(s) its _metadata references are missing "
+                    f"(e.g. {missing[0]}); not imported"
+                )
                 report.skipped.append(
                     {
                         "checkpoint_id": meta.checkpoint_id,
                         "location": location,
-                        "reason": f"snapshot {prior.id} is {prior.status} in the catalog",
+                        "reason": reason,
+                        "missing": missing,
                     }
                 )
-            continue
-        refs_all = meta.file_references()
-        missing = sorted(
-            {r.handle.location or r.handle.name for r in refs_all if not r.handle.exists}
-        )
-        if missing and prior is None:
-            # Not restorable as it is: reported, not imported (a later sync imports it once the
-            # files are back).
+                continue
+        if reason is not None:
             report.skipped.append(
-                {
-                    "checkpoint_id": meta.checkpoint_id,
-                    "location": location,
-                    "reason": f"{len(missing)} file(s) its _metadata references are missing "
-                    f"(e.g. {missing[0]}); not imported",
-                    "missing": missing,
-                }
+                {"checkpoint_id": meta.checkpoint_id, "location": location, "reason": reason}
             )
             continue
-        refs = file_refs(meta, listing.store)
-        stats = key_group_stats(meta)
-        parallelism, snap_max_p = _catalog_parallelism(meta)
-        if prior is None:
-            snap = catalog.begin_snapshot(
-                job,
-                location=location,
-                parallelism=parallelism,
-                kind=meta.kind.upper(),
-                format=meta.format.upper(),
-                checkpoint_id=meta.checkpoint_id,
-                max_parallelism=snap_max_p,
-                trigger=TRIGGER,
-            )
-            resumed = False
-        else:
-            snap, resumed = prior, True
-        # One attach call per snapshot: after a crash its files are all attached or none.
-        if not resumed or not catalog.snapshot_files(snap.id, limit=1):
-            catalog.attach_files(snap.id, refs)
-        crash_point("flink.import.after_attach")
-        if stats and (not resumed or not catalog.key_group_stats(snap.id)):
-            catalog.record_key_group_stats(snap.id, stats)
-        snap = catalog.complete_snapshot(snap.id, snap.version, entries=sum(r.rows for r in stats))
-        (report.resumed if resumed else report.added).append(_summary(snap, refs, meta))
-        crash_point("flink.import.after_complete")
+        todo.append(_ToImport(listing, meta, location, prior, file_refs(meta, listing.store)))
+    return todo, present
 
-    # Snapshots imported from these directories whose _metadata is gone: mark them.
-    roots = [lst.root_url for lst in listings] + report.missing_directories
+
+def _not_imported_because(
+    listing: Listing, meta: FlinkSnapshotMetadata, location: str, prior: SnapshotRecord | None
+) -> str | None:
+    """Why a snapshot on disk whose checkpoint id the catalog already has is not imported (None:
+    it is, or its PENDING record is completed)."""
+    if prior is None or (prior.location == location and prior.status is SnapshotStatus.PENDING):
+        return None
+    cid = meta.checkpoint_id
+    kept = (
+        "the catalog keeps one snapshot per checkpoint id, so it is not imported, but expire "
+        "and orphan cleanup keep every file it references"
+    )
+    if prior.location != location:
+        return (
+            f"checkpoint id {cid} is already snapshot {prior.id} at {prior.location} (another "
+            f"run of the job?); {kept}"
+        )
+    if prior.status is not SnapshotStatus.DISCARDED:
+        return f"snapshot {prior.id} is {prior.status} in the catalog"
+    if is_discarded_metadata(prior, metadata_stamp(listing.store, meta.metadata_path)):
+        return f"snapshot {prior.id} is DISCARDED in the catalog (expired; its files go next)"
+    return f"a new checkpoint {cid} where the catalog's snapshot {prior.id} was DISCARDED; {kept}"
+
+
+def _refuse_files_of_other_jobs(
+    catalog: Catalog, job: str, todo: list[_ToImport], directories: list[str]
+) -> None:
+    """A file belongs to one job: refuse snapshots that reference files another Flink job holds
+    (the second of a NO_CLAIM child and its ancestor), naming that job.
+
+    One ``known_paths`` read per other Flink job; Statekeeper jobs write under their own layout,
+    which a Flink ``_metadata`` never references."""
+    paths = {r.path for item in todo for r in item.refs}
+    if not paths:
+        return
+    for other in catalog.list_jobs():
+        if other.name == job or other.origin != "flink":
+            continue
+        held = sorted(paths & catalog.known_paths(other.name))
+        if held:
+            raise FlinkImportError(
+                f"{len(held)} file(s) that snapshots under {', '.join(directories)} reference "
+                f"already belong to Flink job {other.name!r} (e.g. {held[0]}): a job restored "
+                "from its snapshot in NO_CLAIM or LEGACY mode, or a copy of its directory. A file "
+                f"belongs to one job, so nothing was imported: import these directories into job "
+                f"{other.name!r} (`statectl flink import PATH... --job {other.name}`), or once "
+                "their checkpoints no longer reference its files"
+            )
+
+
+def _write_snapshot(catalog: Catalog, job: str, item: _ToImport, report: ImportReport) -> None:
+    meta, refs = item.meta, item.refs
+    stats = key_group_stats(meta)
+    parallelism, snap_max_p = _catalog_parallelism(meta)
+    if item.prior is None:
+        snap = catalog.begin_snapshot(
+            job,
+            location=item.location,
+            parallelism=parallelism,
+            kind=meta.kind.upper(),
+            format=meta.format.upper(),
+            checkpoint_id=meta.checkpoint_id,
+            max_parallelism=snap_max_p,
+            trigger=TRIGGER,
+        )
+        resumed = False
+    else:
+        snap, resumed = item.prior, True
+    # One attach call per snapshot: after a crash its files are all attached or none.
+    if not resumed or not catalog.snapshot_files(snap.id, limit=1):
+        catalog.attach_files(snap.id, refs)
+    crash_point("flink.import.after_attach")
+    if stats and (not resumed or not catalog.key_group_stats(snap.id)):
+        catalog.record_key_group_stats(snap.id, stats)
+    snap = catalog.complete_snapshot(snap.id, snap.version, entries=sum(r.rows for r in stats))
+    (report.resumed if resumed else report.added).append(_summary(snap, refs, meta))
+    crash_point("flink.import.after_complete")
+
+
+def _mark_vanished(
+    catalog: Catalog, job: str, listings: list[Listing], present: set[str], report: ImportReport
+) -> None:
+    """Discard the COMPLETED snapshots a listing looked for and did not find, once the store
+    confirms their ``_metadata`` is gone. Snapshots of a missing directory are left alone."""
+    claimed = [d for d, _ in catalog.job_directories(job)]
     for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
-        if snap.location in present_locations:
+        if snap.location in present:
             continue
-        if not any(
-            snap.location == r or snap.location.startswith(r.rstrip("/") + "/") for r in roots
-        ):
+        listing = next((lst for lst in listings if _looks_for(lst, snap.location, claimed)), None)
+        if listing is None:
             continue
+        metadata = f"{listing.store.path_of(snap.location)}/{METADATA_FILE_NAME}"
+        if listing.store.exists(metadata):
+            continue  # written since the listing (or the listing missed it): not vanished
         catalog.discard_snapshot(
             snap.id,
             error=f"its directory {snap.location} (or its _metadata) vanished; seen at import",
@@ -570,4 +708,16 @@ def _import(
         report.vanished.append(
             {"snapshot_id": snap.id, "checkpoint_id": snap.checkpoint_id, "location": snap.location}
         )
-    return report
+
+
+def _looks_for(listing: Listing, location: str, claimed: list[str]) -> bool:
+    """Whether ``listing`` is where a snapshot at ``location`` is found: its role looks in that
+    directory and no other claimed directory nested in its root holds it (that one's own sync
+    decides)."""
+    if not listing.store.handles(location) or not listing.looks_in(listing.store.path_of(location)):
+        return False
+    root = listing.root_url
+    return not any(
+        len(d) > len(root) and (location == d or location.startswith(d.rstrip("/") + "/"))
+        for d in claimed
+    )

@@ -8,9 +8,12 @@ on, a Java-serialized ``CheckpointProperties`` at the end that says checkpoint o
 canonical or native.
 
 Paths (FLINK_FORMAT.md §3): relative handles resolve against the snapshot's own directory;
-absolute handles that no longer exist but whose ``<job-id>/{shared,taskowned,chk-N}/<name>`` tail
-exists under the job directory are re-rooted there and flagged ``relocated``. Inline handles
-(``ByteStreamStateHandle``) carry their bytes and have no file.
+absolute handles are normalised (``.``, ``//``) and, when their
+``<job-id>/{shared,taskowned,chk-N}/<name>`` tail exists under the job directory, re-rooted there
+and flagged ``relocated`` -- even when the path as written exists too: it is then another spelling
+of the job directory (a link, a mount) or the original of a copy, and the job's own file is the one
+its expire and orphan cleanup must see as referenced. Inline handles (``ByteStreamStateHandle``)
+carry their bytes and have no file.
 
 Every malformed, truncated or unknown input is a :class:`~state_engine.errors.FlinkMetadataError`
 naming the file, the byte offset and what was expected there.
@@ -110,7 +113,8 @@ class StreamHandle:
     * ``start_pos``: segment start inside its physical file (0 otherwise).
     * ``location``: where to read it on this machine (a local path or an fsspec URL), after
       resolution and relocation; ``None`` for inline and empty handles.
-    * ``relocated``: the absolute path as written did not exist; ``location`` is its re-rooted tail.
+    * ``relocated``: ``location`` is not the absolute path as written but its tail re-rooted under
+      the job (or snapshot) directory.
     * ``exists``: whether ``location`` was found (``None`` for inline/empty handles).
     * ``kind``: :data:`KIND_INLINE`, :data:`KIND_EXCLUSIVE`, :data:`KIND_SHARED`,
       :data:`KIND_TASKOWNED` or :data:`KIND_FOREIGN`.
@@ -848,6 +852,20 @@ def _local_url(uri: str) -> str:
     return uri
 
 
+def normalize_location(loc: str) -> str:
+    """``loc`` (a path or URL) with ``.``, ``..`` and doubled slashes folded, so that one file has
+    one spelling (the scheme and host of a URL are kept as they are)."""
+    scheme, sep, path = loc.rpartition("://")
+    if sep:
+        host, slash, rest = path.partition("/")
+        return f"{scheme}://{host}{slash}{posixpath.normpath(rest) if rest else ''}".rstrip("/")
+    if not loc:
+        return loc
+    norm = posixpath.normpath(loc)
+    # POSIX keeps a leading "//" (implementation-defined); a local path never needs it
+    return "/" + norm.lstrip("/") if norm.startswith("//") else norm
+
+
 def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
@@ -866,8 +884,8 @@ class PathResolver:
     def __init__(
         self, directory: str, job_dir: str | None, exists: Callable[[str], bool], source: str
     ) -> None:
-        self.directory = directory.rstrip("/")
-        self.job_dir = job_dir.rstrip("/") if job_dir else None
+        self.directory = normalize_location(directory)
+        self.job_dir = normalize_location(job_dir) if job_dir else None
         self.exists = exists
         self.source = source
         # prefixes of _kind, built once (it runs for every handle)
@@ -898,14 +916,21 @@ class PathResolver:
                     f"{self.source}: state handle path {h.name!r} contains '..'; refusing to "
                     "follow it (the _metadata is corrupt or was tampered with)"
                 )
-            h.location, h.exists = loc, self.exists(loc)
-            if not h.exists:
-                moved = self._relocate(loc)
-                if moved is not None:
-                    h.location, h.exists, h.relocated = moved, True, True
+            loc = normalize_location(loc)
+            moved = None if self._in_own_dirs(loc) else self._relocate(loc)
+            if moved is not None:
+                h.location, h.exists, h.relocated = moved, True, True
+            else:
+                h.location, h.exists = loc, self.exists(loc)
         h.kind = self._kind(h.location or "")
 
+    def _in_own_dirs(self, loc: str) -> bool:
+        return loc.startswith(self._own) or (
+            self.job_dir is not None and loc.startswith(self.job_dir + "/")
+        )
+
     def _relocate(self, loc: str) -> str | None:
+        """The job's (or snapshot's) own file with ``loc``'s tail, if there is one."""
         m = _RELOCATABLE_TAIL.search(loc)
         if m and self.job_dir is not None and m.group(1) == posixpath.basename(self.job_dir):
             candidate = f"{self.job_dir}/{m.group(2)}/{m.group(3)}"

@@ -7,7 +7,10 @@ and both delete in the order forget-in-the-catalog, then delete-from-storage.
 
 Expire (``--retain-last N``, ``--older-than AGE``, ``--savepoint ID_OR_NAME``): the COMPLETED
 checkpoints not among the newest N and (with ``--older-than``) completed before the cut-off are
-DISCARDED. A Flink checkpoint's completion time is its ``_metadata``'s modification time on
+DISCARDED. Newest means: within one Flink job directory (one run of the job), the higher
+checkpoint id; across the job directories of one catalog job (runs restarted under new Flink job
+ids, whose checkpoint ids count from 1 again), the run whose latest checkpoint completed last comes
+first. A Flink checkpoint's completion time is its ``_metadata``'s modification time on
 storage (Flink writes ``_metadata`` last, when it finalizes the checkpoint; the ``_metadata`` has
 no timestamp of its own), or the import time when that file cannot be asked (later than the real
 completion: it only keeps more). As for native jobs the newest completed checkpoint always stays:
@@ -15,7 +18,12 @@ a retention that selects every one is refused (RetentionRemovesEverything). Then
 the job no retained snapshot references any more (``live_refs`` = 0: the discarded checkpoints'
 ``_metadata``, exclusive files and RocksDB private files, and exactly the shared files no retained
 checkpoint or savepoint uses) is forgotten and deleted, and the emptied ``chk-N`` directories
-removed. Savepoints are expired only when named.
+removed. Savepoints are expired only when named: by directory name, catalog snapshot id or Flink
+savepoint id; a name that means different snapshots under these readings is refused. An expired
+snapshot is discarded with the size and modification time of its ``_metadata``
+(:mod:`state_engine.flink.discarded`): a ``_metadata`` found later at the location of a DISCARDED
+snapshot pins nothing only when it is that very file; a new checkpoint written there pins its
+files.
 
 Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
 and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
@@ -26,20 +34,27 @@ after the cut-off is never touched (a live job's checkpoint in flight). Files a 
 references outside the job's directories (a NO_CLAIM restore's ancestor) are reported under
 ``foreign_references`` and never deleted.
 
+Both never delete, and report under ``links_kept``, a file on local storage that is reached through
+a directory link out of the job's directories (a ``shared/`` linked to another job's) or that is
+another spelling of a file a snapshot references (the job directory imported through a link).
+A job directory that is missing fails orphan cleanup, nothing deleted, and its snapshots keep.
+
 The ``--json`` report names every file deleted (or, with ``--dry-run``, that would be) under
 ``deleted.items``.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
+from state_engine.catalog.records import SnapshotRecord
 from state_engine.checkpoint.storage import FileStore, remove_empty_dirs
 from state_engine.errors import (
     FlinkJobDirectoryMissing,
@@ -48,6 +63,12 @@ from state_engine.errors import (
     RetentionRemovesEverything,
 )
 from state_engine.faults import crash_point
+from state_engine.flink.discarded import (
+    Stamp,
+    discarded_stamp,
+    expired_note,
+    metadata_stamp,
+)
 from state_engine.flink.import_job import (
     CHK_DIR,
     ROLE_CHECKPOINTS,
@@ -100,15 +121,39 @@ def _under(url: str, roots: list[str]) -> bool:
     return any(url.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def disk_checkpoints(catalog: Catalog, job: str) -> dict[str, dict[str, int]]:
+def discarded_metadata(catalog: Catalog, job: str) -> dict[str, set[Stamp]]:
+    """Location -> stamps of the ``_metadata`` files the job's DISCARDED snapshots were
+    discarded with: a ``_metadata`` there pins nothing only if it is one of these."""
+    out: dict[str, set[Stamp]] = {}
+    for snap in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED):
+        stamp = discarded_stamp(snap)
+        if stamp is not None:
+            out.setdefault(snap.location, set()).add(stamp)
+    return out
+
+
+def _is_discarded(
+    store: FileStore, path: str, location: str, discarded: dict[str, set[Stamp]]
+) -> bool:
+    stamps = discarded.get(location)
+    # a stat only where a discarded snapshot was
+    return stamps is not None and metadata_stamp(store, path) in stamps
+
+
+def disk_checkpoints(
+    catalog: Catalog, job: str, discarded: dict[str, set[Stamp]]
+) -> dict[str, tuple[dict[str, int], bool]]:
     """Every ``chk-N`` with a ``_metadata`` under the job's checkpoint directories, read now:
-    its location URL -> the files it references (URL -> size), ``_metadata`` included."""
-    out: dict[str, dict[str, int]] = {}
+    its location URL -> (the files it references (URL -> size), ``_metadata`` included; whether
+    that ``_metadata`` is one the catalog discarded)."""
+    out: dict[str, tuple[dict[str, int], bool]] = {}
     for root_url in checkpoint_dirs(catalog, job):
         store, root = FileStore.at(root_url)
         root = root.rstrip("/")
         for path in store.glob(f"{root}/chk-*/{METADATA_FILE_NAME}"):
-            out[store.url_of(posixpath.dirname(path))] = _refs_of(store, path, root)
+            location = store.url_of(posixpath.dirname(path))
+            dead = _is_discarded(store, path, location, discarded)
+            out[location] = (_refs_of(store, path, root), dead)
     return out
 
 
@@ -131,6 +176,45 @@ def _refs_of(
     return {r.path: r.size for r in file_refs(meta, store)}
 
 
+def links_to_keep(
+    candidates: Iterable[str], referenced: Iterable[str], roots: list[str]
+) -> set[str]:
+    """The candidate URLs (to delete) that must stay on local storage: in a directory whose real
+    path is outside every root (the local walk follows directory links: a ``shared/`` linked to
+    another job's), or another spelling of a referenced file (the same real path). Deleting a
+    file link removes only the link, so only directories are resolved: one ``realpath`` per
+    directory, a string test per file. Object stores have no links: nothing to keep there."""
+    by_dir: dict[str, list[str]] = {}
+    for url in candidates:
+        by_dir.setdefault(url.rpartition("/")[0], []).append(url)
+    if not by_dir or not roots:
+        return set()
+    store, _ = FileStore.at(roots[0])
+    if not store.is_local:
+        return set()
+    real_dirs: dict[str, str] = {}
+
+    def real_dir(dir_url: str) -> str:
+        if dir_url not in real_dirs:
+            real_dirs[dir_url] = os.path.realpath(store.path_of(dir_url)).rstrip("/") + "/"
+        return real_dirs[dir_url]
+
+    real_roots = tuple(real_dir(r.rstrip("/")) for r in roots)
+    referenced_real = set()
+    for url in referenced:
+        if store.handles(url):
+            head, _, name = url.rpartition("/")
+            referenced_real.add(real_dir(head) + name)
+    keep: set[str] = set()
+    for dir_url, urls in by_dir.items():
+        where = real_dir(dir_url)
+        if not where.startswith(real_roots):
+            keep.update(urls)
+        elif referenced_real:
+            keep.update(u for u in urls if where + u.rpartition("/")[2] in referenced_real)
+    return keep
+
+
 # --- expire ---
 
 
@@ -140,13 +224,19 @@ class ExpirePlan:
     files: dict[str, int] = field(default_factory=dict)  # URL -> size, inside the job's dirs
     foreign: list[str] = field(default_factory=list)  # released, outside: reported, kept
     dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
+    links_kept: list[str] = field(default_factory=list)  # see links_to_keep
 
 
-def completed_at(snap: Any) -> float:
+def _metadata_of(snap: SnapshotRecord) -> tuple[FileStore, str]:
+    """The store and path of ``snap``'s ``_metadata``."""
+    return FileStore.at(snap.location.rstrip("/") + "/" + METADATA_FILE_NAME)
+
+
+def completed_at(snap: SnapshotRecord) -> float:
     """When Flink completed ``snap`` (epoch seconds): its ``_metadata``'s modification time, else
     the catalog's completion (import) time."""
     try:
-        store, path = FileStore.at(snap.location.rstrip("/") + "/" + METADATA_FILE_NAME)
+        store, path = _metadata_of(snap)
         modified = store.modified(path)
     except (FileNotFoundError, OSError):
         modified = None
@@ -154,6 +244,55 @@ def completed_at(snap: Any) -> float:
         return modified.timestamp()
     done = snap.completed_at or snap.created_at
     return float(as_aware(done).timestamp())
+
+
+def newest_first(checkpoints: list[SnapshotRecord]) -> list[SnapshotRecord]:
+    """Checkpoints newest first: by checkpoint id within one Flink job directory (one run), and
+    the runs by when their latest checkpoint completed, since a restarted job (a new Flink job id)
+    counts its checkpoint ids from 1 again."""
+    runs: dict[str, list[SnapshotRecord]] = {}
+    for snap in checkpoints:
+        runs.setdefault(posixpath.dirname(snap.location.rstrip("/")), []).append(snap)
+    for run in runs.values():
+        run.sort(key=lambda s: -s.checkpoint_id)
+    latest_first = sorted(runs.items(), key=lambda kv: (-completed_at(kv[1][0]), kv[0]))
+    return [snap for _, run in latest_first for snap in run]
+
+
+def savepoint_named(completed: list[SnapshotRecord], want: str, job: str) -> SnapshotRecord:
+    """The COMPLETED savepoint ``--savepoint want`` names: its directory name, catalog snapshot
+    id or Flink savepoint id. A name two readings give different snapshots is refused: deleting
+    the wrong savepoint cannot be undone."""
+    readings = {
+        "the directory name": [
+            s for s in completed if posixpath.basename(s.location.rstrip("/")) == want
+        ],
+        "the snapshot id": [s for s in completed if str(s.id) == want],
+        "the Flink savepoint id": [
+            s
+            for s in completed
+            if s.kind is SnapshotKind.SAVEPOINT and str(s.checkpoint_id) == want
+        ],
+    }
+    matched = {s.id: s for found in readings.values() for s in found}
+    if len(matched) > 1:
+        meanings = "; ".join(
+            f"{reading} of snapshot {s.id} ({s.kind.lower()} {s.checkpoint_id} at {s.location})"
+            for reading, found in readings.items()
+            for s in found
+        )
+        raise InvalidJobParams(
+            f"--savepoint {want!r} is ambiguous for Flink job {job!r}: it is {meanings}; nothing "
+            "was deleted: give the savepoint's directory name (`statectl snapshots JOB` lists them)"
+        )
+    snap = next(iter(matched.values()), None)
+    if snap is None or snap.kind is not SnapshotKind.SAVEPOINT:
+        raise InvalidJobParams(
+            f"--savepoint {want!r} is not a COMPLETED savepoint of Flink job {job!r} (give "
+            "its directory name, snapshot id or Flink savepoint id; `statectl snapshots JOB` "
+            "lists them)"
+        )
+    return snap
 
 
 def _expire_plan(
@@ -166,9 +305,7 @@ def _expire_plan(
 ) -> ExpirePlan:
     plan = ExpirePlan()
     completed = catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED)
-    checkpoints = sorted(
-        (s for s in completed if s.kind is SnapshotKind.CHECKPOINT), key=lambda s: -s.checkpoint_id
-    )
+    checkpoints = newest_first([s for s in completed if s.kind is SnapshotKind.CHECKPOINT])
     if retain_last is not None or cutoff is not None:
         selected = checkpoints[retain_last or 0 :]
         if cutoff is not None:
@@ -183,17 +320,8 @@ def _expire_plan(
             )
         # the newest checkpoint always stays (a running job's next checkpoint builds on it)
         plan.expired.extend(s for s in selected if s is not checkpoints[0])
-    by_name = {posixpath.basename(s.location.rstrip("/")): s for s in completed}
     for want in savepoints:
-        snap = next((s for s in completed if str(s.id) == str(want)), None) or by_name.get(
-            str(want)
-        )
-        if snap is None or snap.kind is not SnapshotKind.SAVEPOINT:
-            raise InvalidJobParams(
-                f"--savepoint {want!r} is not a COMPLETED savepoint of Flink job {job!r} (give "
-                "its snapshot id or directory name; `statectl snapshots JOB` lists them)"
-            )
-        plan.expired.append(snap)
+        plan.expired.append(savepoint_named(completed, str(want), job))
     expired_ids = {s.id for s in plan.expired}
     retained = [
         s for s in catalog.list_snapshots(job, status=RETAINED_STATUSES) if s.id not in expired_ids
@@ -201,12 +329,16 @@ def _expire_plan(
     live: set[str] = set()
     for s in retained:
         live.update(f.path for f in catalog.snapshot_files(s.id))
-    dead = {s.location for s in plan.expired}
-    dead |= {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
-    on_disk = disk_checkpoints(catalog, job)
-    for location, refs in on_disk.items():
+    discarded = discarded_metadata(catalog, job)
+    on_disk = disk_checkpoints(catalog, job, discarded)
+    # Dead: the checkpoints expired now, and those whose _metadata on disk is the very file the
+    # catalog discarded (an earlier run was interrupted before deleting it). Any other checkpoint
+    # on disk -- written since the last import, or new where a discarded one was -- pins its files.
+    expiring = {s.location for s in plan.expired}
+    dead = expiring | {loc for loc, (_, is_discarded) in on_disk.items() if is_discarded}
+    for location, (refs, _) in on_disk.items():
         if location not in dead:
-            live.update(refs)  # a checkpoint Flink wrote since the last import pins its files
+            live.update(refs)
     candidates: dict[str, int] = {}
     for s in plan.expired:
         for f in catalog.snapshot_files(s.id):
@@ -214,17 +346,19 @@ def _expire_plan(
     # What an earlier, interrupted expire released (or forgot) but did not delete yet.
     for released in catalog.releasable_files(job):
         candidates.setdefault(released.path, released.size)
-    for location, refs in on_disk.items():
+    for location, (refs, _) in on_disk.items():
         if location in dead:
             for url, size in refs.items():
                 candidates.setdefault(url, size)
     candidates = {u: n for u, n in candidates.items() if u not in live}
-    plan.dead_dirs = sorted(d for d in dead if _under(d, dirs))
+    plan.dead_dirs = sorted(d for d in expiring | set(discarded) if _under(d, dirs))
+    inside = [u for u in candidates if _under(u, dirs)]
+    plan.links_kept = sorted(links_to_keep(inside, live, dirs))
     for url, size in sorted(candidates.items()):
-        if _under(url, dirs):
-            plan.files[url] = size
-        else:
+        if not _under(url, dirs):
             plan.foreign.append(url)
+        elif url not in plan.links_kept:
+            plan.files[url] = size
     return plan
 
 
@@ -265,7 +399,10 @@ def expire_body(
         hooks.call("after_plan", EXPIRE, job)
         for snap in plan.expired:
             lease.check()
-            catalog.discard_snapshot(snap.id)
+            # what its _metadata is: a later run tells it from a new checkpoint at its location
+            catalog.discard_snapshot(
+                snap.id, error=expired_note(metadata_stamp(*_metadata_of(snap)))
+            )
         crash_point("flink.expire.after_discard")
         done = forget_and_delete(catalog, lease, plan.files, threads=threads)
         removed = remove_empty_dirs(
@@ -293,6 +430,7 @@ def _expire_stats(
         "bytes_deleted": nbytes,
         "would_delete_bytes": sum(plan.files.values()),
         "foreign_kept": plan.foreign,
+        "links_kept": plan.links_kept,
         "deleted": _deleted(list(deleted)),
     }
 
@@ -307,14 +445,15 @@ class OrphanPlan:
     too_new: list[str] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
     in_flight: list[str] = field(default_factory=list)  # chk-N without _metadata
+    links_kept: list[str] = field(default_factory=list)  # see links_to_keep
     referenced: int = 0
 
 
 def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) -> OrphanPlan:
     plan = OrphanPlan()
     own = [p for p, _ in catalog.job_directories(job)]
-    # an expired checkpoint whose _metadata survived a crash pins nothing
-    dead = {s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.DISCARDED)}
+    # an expired checkpoint whose _metadata survived a crash pins nothing; a new one there does
+    discarded = discarded_metadata(catalog, job)
     referenced: set[str] = set(catalog.live_paths(job))
     listed: dict[str, tuple[int, float]] = {}
     for root_url in dirs:
@@ -323,7 +462,7 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
         if not store.exists(root):
             raise FlinkJobDirectoryMissing(
                 f"the checkpoint directory {root_url} of Flink job {job!r} is gone; nothing was "
-                "deleted (re-import the job to mark its snapshots vanished)"
+                "deleted and its snapshots are kept: run it again once the directory is back"
             )
         to_url = store.url_of
         found = store.find(root)
@@ -350,7 +489,7 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
             path = f"{root}/{head}/{METADATA_FILE_NAME}"
             if path not in files:
                 plan.in_flight.append(to_url(f"{root}/{head}"))
-            elif to_url(f"{root}/{head}") not in dead:
+            elif not _is_discarded(store, path, to_url(f"{root}/{head}"), discarded):
                 referenced.update(_refs_of(store, path, root, files))
     plan.listed = len(listed)
     plan.referenced = len(referenced)
@@ -364,7 +503,8 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
             plan.too_new.append(url)
         else:
             orphans.append(url)
-    orphans.sort()
+    plan.links_kept = sorted(links_to_keep(orphans, referenced, dirs))
+    orphans = sorted(set(orphans) - set(plan.links_kept))
     plan.too_new.sort()
     plan.orphans = {u: int(listed[u][0]) for u in orphans}
     return plan
@@ -455,6 +595,7 @@ def _orphan_stats(
         "too_new": plan.too_new,
         "checkpoints_without_metadata": plan.in_flight,
         "foreign_references": plan.foreign,
+        "links_kept": plan.links_kept,
         "deleted": _deleted(list(deleted)),
     }
 

@@ -173,11 +173,17 @@ def test_reimport_syncs_added_and_vanished(
     assert by_id[8].status == "DISCARDED" and "vanished" in (by_id[8].error or "")
     assert [by_id[i].status for i in (10, 11)] == ["COMPLETED", "COMPLETED"]
     assert len(catalog.list_snapshots("sync")) == 3  # nothing duplicated
-    # The whole directory gone: reported, its snapshots marked, no error.
+    # The whole directory gone: reported, its snapshots kept as they were (an unmounted volume
+    # is not the end of its checkpoints), no error.
     shutil.rmtree(job_dir)
     fourth = import_flink(catalog, [str(job_dir)], "sync")
-    assert fourth.missing_directories == [_url(job_dir)]
-    assert {s.status for s in catalog.list_snapshots("sync")} == {"DISCARDED"}
+    assert fourth.missing_directories == [_url(job_dir)] and not fourth.vanished
+    assert "its snapshots are kept" in fourth.render()
+    assert [(s.checkpoint_id, s.status) for s in catalog.list_snapshots("sync")] == [
+        (11, "COMPLETED"),
+        (10, "COMPLETED"),
+        (8, "DISCARDED"),
+    ]
 
 
 def test_a_chk_dir_without_metadata_is_reported_not_imported(

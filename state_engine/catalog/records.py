@@ -193,6 +193,10 @@ class LeaseRecord:
     expires_at: datetime
     released_at: datetime | None
 
+    def held_at(self, now: datetime) -> bool:
+        """Whether the lease is held at ``now``: neither released nor expired."""
+        return self.released_at is None and self.expires_at > now
+
 
 @dataclass(frozen=True, slots=True)
 class QueryResult:

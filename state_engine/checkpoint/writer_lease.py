@@ -30,7 +30,6 @@ import os
 import socket
 import threading
 import uuid
-from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,12 +66,7 @@ def writer_lease_name(job: str) -> str:
 def running_writer(catalog: Catalog, job: str) -> str | None:
     """The owner of ``job``'s live writer lease: the run checkpointing the job now, if any."""
     lease = catalog.get_lease(writer_lease_name(job))
-    if lease is None or lease.released_at is not None:
-        return None
-    expires = lease.expires_at
-    if expires.tzinfo is None:  # SQLite gives naive UTC
-        expires = expires.replace(tzinfo=UTC)
-    return lease.owner if expires > catalog.now() else None
+    return lease.owner if lease is not None and lease.held_at(catalog.now()) else None
 
 
 def _read(path: str) -> str:
@@ -164,11 +158,7 @@ class WriterLease:
             return self.catalog.acquire_lease(self.name, self.owner, self.ttl)
         except LeaseHeld as exc:
             holder = self.catalog.get_lease(self.name)
-            if attempts > 1 and (
-                holder is None
-                or holder.released_at is not None
-                or holder.expires_at <= self.catalog.now()
-            ):
+            if attempts > 1 and (holder is None or not holder.held_at(self.catalog.now())):
                 return self._take(attempts - 1)  # given up since: take it as a free lease
             owner = None if holder is None else Owner.parse(holder.owner)
             if holder is None or owner is None or not owner.known_dead():

@@ -352,12 +352,12 @@ def _expire_plan(
                 candidates.setdefault(url, size)
     candidates = {u: n for u, n in candidates.items() if u not in live}
     plan.dead_dirs = sorted(d for d in expiring | set(discarded) if _under(d, dirs))
-    inside = [u for u in candidates if _under(u, dirs)]
-    plan.links_kept = sorted(links_to_keep(inside, live, dirs))
+    linked = links_to_keep([u for u in candidates if _under(u, dirs)], live, dirs)
+    plan.links_kept = sorted(linked)
     for url, size in sorted(candidates.items()):
         if not _under(url, dirs):
             plan.foreign.append(url)
-        elif url not in plan.links_kept:
+        elif url not in linked:
             plan.files[url] = size
     return plan
 
@@ -503,8 +503,9 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
             plan.too_new.append(url)
         else:
             orphans.append(url)
-    plan.links_kept = sorted(links_to_keep(orphans, referenced, dirs))
-    orphans = sorted(set(orphans) - set(plan.links_kept))
+    linked = links_to_keep(orphans, referenced, dirs)
+    plan.links_kept = sorted(linked)
+    orphans = sorted(u for u in orphans if u not in linked)
     plan.too_new.sort()
     plan.orphans = {u: int(listed[u][0]) for u in orphans}
     return plan

@@ -241,7 +241,6 @@ def operator_key(uid: str, operator_id: str) -> str:
 def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     """Catalog file references of one snapshot: ``_metadata`` and every on-disk handle."""
     to_url = store.url_of
-
     refs = [
         FileRef(
             path=to_url(meta.metadata_path),
@@ -249,11 +248,15 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
             details={"role": "metadata", "kind": "exclusive"},
         )
     ]
+    add = refs.append  # the loop runs once per handle: tens of thousands
     operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
-    for r in meta.file_references():
+    for r in meta.references():
         h = r.handle
-        assert h.location is not None
-        details: dict[str, Any] = {"role": r.role, "kind": h.kind, "flink_path": h.name}
+        location = h.location
+        if location is None:
+            continue  # inline and empty handles: no file
+        role = r.role
+        details: dict[str, Any] = {"role": role, "kind": h.kind, "flink_path": h.name}
         if r.local_path:
             details["local_path"] = r.local_path
         if h.relocated:
@@ -261,15 +264,18 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
         if h.type not in ("file", "relative"):
             details["handle"] = h.type
         kg = r.key_groups
-        refs.append(
+        kg_start = kg_end = None
+        if kg is not None and kg.start <= kg.end:  # a non-empty range
+            kg_start, kg_end = kg.start, kg.end
+        add(
             FileRef(
-                path=to_url(h.location),
+                path=to_url(location),
                 size=h.size,
-                shared=r.role == ROLE_SHARED,
+                shared=role == ROLE_SHARED,
                 operator=operators.get(r.operator_id, r.operator_id),
                 subtask=r.subtask if r.subtask >= 0 else None,
-                key_group_start=kg.start if kg is not None and len(kg) else None,
-                key_group_end=kg.end if kg is not None and len(kg) else None,
+                key_group_start=kg_start,
+                key_group_end=kg_end,
                 details=details,
             )
         )

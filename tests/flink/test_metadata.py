@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -296,3 +297,99 @@ def test_relative_handle_escaping_the_snapshot_dir_is_refused(
 def test_missing_metadata_file(tmp_path: Path) -> None:
     with pytest.raises(FlinkMetadataError, match="no such _metadata file"):
         read_metadata(str(tmp_path / "chk-1"))
+
+
+def _resolved(
+    name: str,
+    *,
+    existing: set[str],
+    handle_type: str = md.FILE,
+    directory: str = "/r/job/chk-3",
+    job_dir: str | None = "/r/job",
+) -> md.StreamHandle:
+    h = md.StreamHandle(handle_type, name, 1)
+    md.PathResolver(directory, job_dir, existing.__contains__, "SRC").resolve(h)
+    return h
+
+
+def test_every_spelling_of_a_handle_path_resolves_to_one_location() -> None:
+    """The fast path for already-normal paths and the normalising one agree on every spelling."""
+    existing = {"/r/job/shared/x.sst"}
+    for name in (
+        "/r/job/shared/x.sst",
+        "file:/r/job/shared/x.sst",
+        "file:///r/job/shared/x.sst",
+        "file://host/r/job/shared/x.sst",
+        "//r/job/shared/x.sst",
+        "/r//job/./shared/x.sst",
+        "/r/job/shared/x.sst/",
+        "/r/job/shared/./x.sst",
+    ):
+        h = _resolved(name, existing=existing)
+        assert (h.location, h.exists, h.relocated, h.kind) == (
+            "/r/job/shared/x.sst",
+            True,
+            False,
+            md.KIND_SHARED,
+        ), name
+    # Hidden files and names with dots are not path components to fold.
+    for name in ("/r/job/taskowned/.x", "/r/job/chk-3/a..b", "/q/.../x"):
+        h = _resolved(name, existing=set())
+        assert (h.location, h.exists) == (md.normalize_location(name), False), name
+    assert _resolved("/r/job/chk-3/.x", existing=set()).kind == md.KIND_EXCLUSIVE
+    assert _resolved("/r/job/taskowned/.x", existing=set()).kind == md.KIND_TASKOWNED
+    assert _resolved("/q/.../x", existing=set()).kind == md.KIND_FOREIGN
+
+
+def test_handle_paths_with_dot_dot_are_refused_whatever_the_spelling() -> None:
+    for name in ("/r/job/shared/../../etc/x", "file:/r/job/..", "../x", "file://h/a/../b"):
+        with pytest.raises(FlinkPathEscapes, match=r"SRC: state handle path .* contains '\.\.'"):
+            _resolved(name, existing=set())
+    for name in ("", ".", "..", "a/b", "a\\b"):
+        with pytest.raises(FlinkPathEscapes, match="SRC: relative state handle"):
+            _resolved(name, existing=set(), handle_type=md.RELATIVE)
+
+
+def test_absolute_handles_are_relocated_into_the_job_even_when_they_exist_as_written() -> None:
+    moved = "/r/job/shared/x.sst"
+    for name in ("/old/place/job/shared/x.sst", "file:/old//place/./job/shared/x.sst"):
+        h = _resolved(name, existing={moved, "/old/place/job/shared/x.sst"})
+        assert (h.location, h.exists, h.relocated, h.kind) == (moved, True, True, md.KIND_SHARED)
+    # another job id, or no such file in the job: left where it is
+    h = _resolved("/old/place/other/shared/x.sst", existing={moved})
+    assert (h.location, h.exists, h.relocated, h.kind) == (
+        "/old/place/other/shared/x.sst",
+        False,
+        False,
+        md.KIND_FOREIGN,
+    )
+    # a savepoint's own file written under another root (entropy injection)
+    h = _resolved(
+        "/e1/savepoint-1/f", existing={"/s/savepoint-1/f"}, directory="/s/savepoint-1", job_dir=None
+    )
+    assert (h.location, h.relocated, h.kind) == ("/s/savepoint-1/f", True, md.KIND_EXCLUSIVE)
+    # relative names live in the snapshot's directory, inline handles nowhere
+    h = _resolved("f", existing={"/r/job/chk-3/f"}, handle_type=md.RELATIVE)
+    assert (h.location, h.exists, h.kind) == ("/r/job/chk-3/f", True, md.KIND_EXCLUSIVE)
+    h = _resolved("f", existing=set(), handle_type=md.INLINE)
+    assert (h.location, h.exists, h.kind) == (None, None, md.KIND_INLINE)
+
+
+def test_references_and_local_files_are_frozen_value_records(
+    small_metadata: tuple[bytes, str],
+) -> None:
+    data, path = small_metadata
+    refs = metadata_from_bytes(data, path).references()
+    assert refs == metadata_from_bytes(data, path).references()
+    ref = refs[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ref.role = md.ROLE_SHARED  # type: ignore[misc]
+    copy = dataclasses.replace(ref, local_path="000001.sst")
+    assert copy.local_path == "000001.sst" and copy.handle is ref.handle and copy != ref
+    assert repr(ref).startswith(f"FileReference(role={ref.role!r}, handle=StreamHandle(")
+    h = md.StreamHandle(md.FILE, "/x", 1)
+    lf = md.LocalFile("000001.sst", h)
+    assert lf == md.LocalFile("000001.sst", h) != md.LocalFile("000002.sst", h)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lf.local_path = "b"  # type: ignore[misc]
+    assert repr(lf) == f"LocalFile(local_path='000001.sst', handle={h!r})"

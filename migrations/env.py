@@ -8,8 +8,9 @@ open connection; the ``alembic`` command line works too, with ``sqlalchemy.url``
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 
-from state_engine.catalog.engine import make_engine
+from state_engine.catalog.engine import foreign_keys_unenforced, make_engine
 from state_engine.catalog.migrate import VERSION_TABLE
 from state_engine.catalog.models import Base
 from state_engine.config import Settings
@@ -35,20 +36,25 @@ def run_offline() -> None:
         context.run_migrations()
 
 
+def _migrate(conn: Connection) -> None:
+    _configure(connection=conn)
+    # Some revisions rebuild a table on SQLite (it cannot drop a constraint in place); with
+    # foreign keys enforced, dropping the old table would delete the rows that reference it.
+    # SQLite honours the pragma only outside a transaction; such a revision checks the keys.
+    with foreign_keys_unenforced(conn), context.begin_transaction():
+        context.run_migrations()
+
+
 def run_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
-        _configure(connection=connection)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
         return
     url = config.get_main_option("sqlalchemy.url") or Settings.from_env().catalog_url
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            _configure(connection=conn)
-            with context.begin_transaction():
-                context.run_migrations()
+            _migrate(conn)
     finally:
         engine.dispose()
 

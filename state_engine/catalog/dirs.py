@@ -6,7 +6,9 @@ under another job name fail in the database, race or not.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.exc import IntegrityError
 
 from state_engine.catalog.models import Job, JobDir
@@ -46,6 +48,19 @@ class JobDirMixin(Store):
                 )
                 raise _claimed(path, name or "?", job) from None
             return True
+
+    def release_directory(self, job: str, path: str) -> bool:
+        """``job`` no longer claims ``path``; True if it did. Its snapshots and files are the
+        caller's to settle first (``state_engine.flink.forget``)."""
+        with self._write() as s:
+            job_id = s.scalar(select(Job.id).where(Job.name == job))
+            if job_id is None:
+                raise NoSuchJob(f"no job {job!r} in the catalog; list them with `statectl jobs`")
+            gone = cast(
+                "CursorResult[Any]",
+                s.execute(delete(JobDir).where(JobDir.job_id == job_id, JobDir.path == path)),
+            )
+            return bool(gone.rowcount)
 
     def directory_owner(self, path: str) -> str | None:
         """The name of the job that imported ``path``, if any."""

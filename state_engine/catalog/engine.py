@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -81,6 +83,24 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
             f"cannot build an engine for catalog URL {display_url(parsed)!r}: {exc}; "
             "check the URL's driver and options"
         ) from exc
+
+
+@contextmanager
+def foreign_keys_unenforced(conn: Connection) -> Iterator[None]:
+    """SQLite's foreign keys off for what runs inside (its connection must not be in a
+    transaction: SQLite ignores the pragma there); on again after. Other databases: nothing."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    if conn.in_transaction():
+        raise RuntimeError("foreign keys can be switched off only outside a transaction")
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    raw.execute("PRAGMA foreign_keys = OFF")
+    try:
+        yield
+    finally:
+        raw.execute("PRAGMA foreign_keys = ON")
 
 
 def _configure_sqlite(engine: Engine, *, in_memory: bool) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -72,6 +73,10 @@ class UTCDateTime(TypeDecorator[datetime]):
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 # SQLite autoincrements only an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+#: the rows the unique (job_id, checkpoint_id) index covers: every snapshot not DISCARDED
+LIVE_CHECKPOINT = f"status <> '{SnapshotStatus.DISCARDED.value}'"
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -135,7 +140,16 @@ class State(Base):
 class Snapshot(Base):
     __tablename__ = "sk_snapshots"
     __table_args__ = (
-        UniqueConstraint("job_id", "checkpoint_id"),
+        # One live snapshot per checkpoint id. A DISCARDED row is history: a Flink job restarted
+        # under the same job id writes its chk-N again where an expired one was (migration 0005).
+        Index(
+            "uq_sk_snapshots_live_checkpoint_id",
+            "job_id",
+            "checkpoint_id",
+            unique=True,
+            sqlite_where=text(LIVE_CHECKPOINT),
+            postgresql_where=text(LIVE_CHECKPOINT),
+        ),
         Index(None, "job_id", "status", "checkpoint_id"),
         CheckConstraint(_in("kind", SNAPSHOT_KINDS), name="kind"),
         CheckConstraint(_in("format", SNAPSHOT_FORMATS), name="format"),
@@ -162,6 +176,9 @@ class Snapshot(Base):
     error: Mapped[str | None] = mapped_column(Text)
     #: the writer lease owner (a JobRunner's run) that began it; None without one
     writer: Mapped[str | None] = mapped_column(String(200))
+    #: facts an origin keeps about the snapshot (a discarded Flink snapshot: its _metadata's
+    #: stamp, ``state_engine.flink.discarded``); None when there are none
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
 
 class File(Base):

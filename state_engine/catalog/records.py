@@ -66,6 +66,8 @@ class SnapshotRecord:
     error: str | None
     #: the run (its writer lease owner) that began it; None: begun without a writer lease
     writer: str | None = None
+    #: facts its origin keeps about it (a discarded Flink snapshot: the stamp of its _metadata)
+    details: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

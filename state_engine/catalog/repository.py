@@ -699,12 +699,17 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         *,
         expected_version: int | None = None,
         error: str | None = None,
+        details: dict[str, Any] | None = None,
     ) -> SnapshotRecord:
         """COMPLETED, SUBSUMED or FAILED -> DISCARDED: the snapshot can no longer be restored.
 
-        ``error`` records why when it was not discarded on purpose (its directory vanished).
+        ``error`` records why when it was not discarded on purpose (its directory vanished);
+        ``details``, facts its origin keeps about the discarded snapshot (they replace any
+        earlier ones).
         """
         extra: dict[str, Any] = {} if error is None else {"error": error}
+        if details is not None:
+            extra["details"] = as_json(details, f"details of snapshot {snapshot_id}")
         with self._write() as s:
             self._transition(
                 s,
@@ -1312,6 +1317,7 @@ def _snapshot(r: Snapshot, job: str) -> SnapshotRecord:
         version=r.version,
         error=r.error,
         writer=r.writer,
+        details=r.details,
     )
 
 

@@ -23,8 +23,22 @@ def cmd_flink_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flink_forget_directory(args: argparse.Namespace) -> int:
+    from state_engine.catalog import Catalog
+    from state_engine.flink.forget import forget_directory
+
+    settings = Settings.from_env()
+    with Catalog.from_settings(settings) as catalog:
+        report = forget_directory(catalog, args.path, args.job, wait=args.wait)
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+    else:
+        print(report.render())
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    """Add ``flink import PATH... --job NAME [--json]`` to statectl."""
+    """Add ``flink import PATH... --job NAME`` and ``flink forget-directory PATH --job NAME``."""
     flink = subparsers.add_parser(
         "flink", help="Apache Flink jobs: import their checkpoints and savepoints"
     )
@@ -43,3 +57,21 @@ def register(subparsers: Any) -> None:
     imp.add_argument("--job", required=True, help="the catalog job name")
     imp.add_argument("--json", action="store_true", help="print the report as JSON")
     imp.set_defaults(handler=cmd_flink_import)
+    forget = commands.add_parser(
+        "forget-directory",
+        help="forget a directory of a Flink job that is gone for good",
+        description=(
+            "A sync keeps the snapshots of a claimed directory it cannot find (it may come "
+            "back). When PATH was deleted on purpose, this discards the job's snapshots in it, "
+            "forgets its files (nothing is deleted) and releases the directory. Refused while "
+            "PATH exists."
+        ),
+    )
+    forget.add_argument("path", metavar="PATH", help="the directory, as it was imported")
+    forget.add_argument("--job", required=True, help="the catalog job name")
+    forget.add_argument(
+        "--wait", type=float, default=None, metavar="SECONDS",
+        help="wait up to SECONDS for the job's file lease (held by an expire or orphan cleanup)",
+    )  # fmt: skip
+    forget.add_argument("--json", action="store_true", help="print the report as JSON")
+    forget.set_defaults(handler=cmd_flink_forget_directory)

@@ -7,19 +7,21 @@ finishes the job. A ``_metadata`` written there since (a job restarted under the
 id counts its checkpoint ids from 1 again) or one that was absent when the snapshot was marked
 vanished and is back now is a live checkpoint, and must pin its files.
 
-So when expire discards a snapshot it records, in the snapshot's ``error``, the size,
+So when expire discards a snapshot it records, in the snapshot's ``details``, the size,
 modification and (on local storage) inode change time of its ``_metadata``
-(:func:`expired_note`): a file written since has a later change time even when it is a copy with
-the old modification time, and on object stores every write is a new modification time.
+(:func:`expired_details`): a file written since has a later change time even when it is a copy
+with the old modification time, and on object stores every write is a new modification time.
 :func:`is_discarded_metadata` says whether a ``_metadata`` on storage is that file. A snapshot
-discarded without this note (marked vanished, its ``_metadata`` gone) has no file left to match:
-any ``_metadata`` at its location is a new one.
+discarded without this stamp (marked vanished, its ``_metadata`` gone) has no file left to
+match: any ``_metadata`` at its location is a new one, imported as a new snapshot with the same
+checkpoint id (the catalog's checkpoint ids are unique among the snapshots that are not
+DISCARDED).
 """
 
 from __future__ import annotations
 
 import os
-import re
+from typing import Any
 
 from state_engine.catalog.records import SnapshotRecord
 from state_engine.checkpoint.storage import FileStore
@@ -27,10 +29,8 @@ from state_engine.checkpoint.storage import FileStore
 #: a ``_metadata``'s (size in bytes, modification time, change time), times in epoch seconds
 Stamp = tuple[int, float, float]
 
-_NOTE = re.compile(
-    r"its _metadata was (\d+) bytes, modified at ([0-9.e+-]+), changed at ([0-9.e+-]+) "
-    r"\(epoch s\)"
-)
+#: the key of ``details`` that holds the stamp
+DISCARDED_METADATA = "discarded_metadata"
 
 
 def metadata_stamp(store: FileStore, path: str) -> Stamp | None:
@@ -47,21 +47,20 @@ def metadata_stamp(store: FileStore, path: str) -> Stamp | None:
     return None if modified is None else (size, modified.timestamp(), modified.timestamp())
 
 
-def expired_note(stamp: Stamp | None) -> str:
-    """The ``error`` an expired snapshot is discarded with: what its ``_metadata`` was."""
+def expired_details(stamp: Stamp | None) -> dict[str, Any] | None:
+    """The ``details`` an expired snapshot is discarded with: what its ``_metadata`` was."""
     if stamp is None:
-        return "expired; its _metadata was already gone"
+        return None
     size, modified, changed = stamp
-    return (
-        f"expired; its _metadata was {size} bytes, modified at {modified!r}, changed at "
-        f"{changed!r} (epoch s)"
-    )
+    return {DISCARDED_METADATA: {"size": size, "modified": modified, "changed": changed}}
 
 
 def discarded_stamp(snap: SnapshotRecord) -> Stamp | None:
     """The stamp of the ``_metadata`` ``snap`` was discarded with (None: none recorded)."""
-    m = _NOTE.search(snap.error or "")
-    return None if m is None else (int(m[1]), float(m[2]), float(m[3]))
+    stamp = (snap.details or {}).get(DISCARDED_METADATA)
+    if not isinstance(stamp, dict):
+        return None
+    return int(stamp["size"]), float(stamp["modified"]), float(stamp["changed"])
 
 
 def is_discarded_metadata(snap: SnapshotRecord, stamp: Stamp | None) -> bool:

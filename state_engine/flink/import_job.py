@@ -448,8 +448,10 @@ def _import(
             f"no completed Flink snapshot (a chk-N or savepoint directory with a _metadata) under "
             f"{', '.join(paths)}; nothing was imported"
         )
-    existing = {s.checkpoint_id: s for s in catalog.list_snapshots(job)} if record else {}
-    todo, present = _plan(found, existing, report)
+    existing: dict[int, list[SnapshotRecord]] = {}
+    for snap in catalog.list_snapshots(job) if record else []:
+        existing.setdefault(snap.checkpoint_id, []).append(snap)
+    todo, present = _plan(found, catalog, existing, report)
     # Checked before anything is written: the catalog stays as it was.
     _refuse_files_of_other_jobs(catalog, job, todo, report.directories)
 
@@ -560,11 +562,13 @@ def _read_snapshots(
 
 def _plan(
     found: list[tuple[Listing, FlinkSnapshotMetadata]],
-    existing: dict[int, SnapshotRecord],
+    catalog: Catalog,
+    existing: dict[int, list[SnapshotRecord]],
     report: ImportReport,
 ) -> tuple[list[_ToImport], set[str]]:
     """What to import (in checkpoint id order) and the locations of every snapshot on disk;
-    the snapshots left alone go to the report."""
+    the snapshots left alone go to the report. ``existing``: the catalog's snapshots by
+    checkpoint id (at most one not DISCARDED per id)."""
     todo: list[_ToImport] = []
     present: set[str] = set()
     for listing, meta in sorted(found, key=lambda lm: lm[1].checkpoint_id):
@@ -572,7 +576,8 @@ def _plan(
         if location in present:
             continue  # found by two listings (a savepoint directory inside a claimed one)
         present.add(location)
-        prior = existing.get(meta.checkpoint_id)
+        known = existing.get(meta.checkpoint_id, [])
+        prior = next((s for s in known if s.status is not SnapshotStatus.DISCARDED), None)
         if (
             prior is not None
             and prior.location == location
@@ -580,7 +585,7 @@ def _plan(
         ):
             report.unchanged.append(prior.checkpoint_id)
             continue
-        reason = _not_imported_because(listing, meta, location, prior)
+        reason = _not_imported_because(catalog, listing, meta, location, prior, known)
         if reason is None and prior is None:
             missing = sorted(
                 {
@@ -614,27 +619,45 @@ def _plan(
 
 
 def _not_imported_because(
-    listing: Listing, meta: FlinkSnapshotMetadata, location: str, prior: SnapshotRecord | None
+    catalog: Catalog,
+    listing: Listing,
+    meta: FlinkSnapshotMetadata,
+    location: str,
+    prior: SnapshotRecord | None,
+    known: list[SnapshotRecord],
 ) -> str | None:
     """Why a snapshot on disk whose checkpoint id the catalog already has is not imported (None:
-    it is, or its PENDING record is completed)."""
-    if prior is None or (prior.location == location and prior.status is SnapshotStatus.PENDING):
-        return None
+    it is, or its PENDING record is completed). ``prior``: the catalog's live snapshot with that
+    id, ``known``: every snapshot with it (DISCARDED ones too)."""
     cid = meta.checkpoint_id
-    kept = (
-        "the catalog keeps one snapshot per checkpoint id, so it is not imported, but expire "
-        "and orphan cleanup keep every file it references"
-    )
-    if prior.location != location:
-        return (
-            f"checkpoint id {cid} is already snapshot {prior.id} at {prior.location} (another "
-            f"run of the job?); {kept}"
-        )
-    if prior.status is not SnapshotStatus.DISCARDED:
+    if prior is not None:
+        if prior.location == location and prior.status is SnapshotStatus.PENDING:
+            return None
+        if prior.location != location:
+            return (
+                f"checkpoint id {cid} is already snapshot {prior.id} at {prior.location} "
+                "(another run of the job?); the catalog keeps one live snapshot per checkpoint "
+                "id, so it is not imported, but expire and orphan cleanup keep every file it "
+                "references"
+            )
         return f"snapshot {prior.id} is {prior.status} in the catalog"
-    if is_discarded_metadata(prior, metadata_stamp(listing.store, meta.metadata_path)):
-        return f"snapshot {prior.id} is DISCARDED in the catalog (expired; its files go next)"
-    return f"a new checkpoint {cid} where the catalog's snapshot {prior.id} was DISCARDED; {kept}"
+    here = [s for s in known if s.location == location]
+    if not here:
+        return None
+    stamp = metadata_stamp(listing.store, meta.metadata_path)
+    for snap in here:
+        if is_discarded_metadata(snap, stamp):
+            return f"snapshot {snap.id} is DISCARDED in the catalog (expired; its files go next)"
+    for snap in here:
+        if catalog.snapshot_files(snap.id, limit=1):
+            # its file rows would clash with the new _metadata's (one path, one file)
+            return (
+                f"a new checkpoint {cid} where snapshot {snap.id} was discarded, whose expire "
+                "did not finish removing its files; run `statectl maintain expire --job "
+                f"{snap.job} ...` again to finish it (it keeps this checkpoint's files), and the "
+                "next sync imports this one"
+            )
+    return None  # a new checkpoint where an expired one was: a snapshot of its own
 
 
 def _refuse_files_of_other_jobs(

@@ -20,10 +20,11 @@ the job no retained snapshot references any more (``live_refs`` = 0: the discard
 checkpoint or savepoint uses) is forgotten and deleted, and the emptied ``chk-N`` directories
 removed. Savepoints are expired only when named: by directory name, catalog snapshot id or Flink
 savepoint id; a name that means different snapshots under these readings is refused. An expired
-snapshot is discarded with the size and modification time of its ``_metadata``
-(:mod:`state_engine.flink.discarded`): a ``_metadata`` found later at the location of a DISCARDED
-snapshot pins nothing only when it is that very file; a new checkpoint written there pins its
-files.
+snapshot is discarded with the size and modification time of its ``_metadata`` in its
+``details`` (:mod:`state_engine.flink.discarded`): a ``_metadata`` found later at the location of
+a DISCARDED snapshot pins nothing only when it is that very file; a new checkpoint written there
+pins its files (the catalog forgets its rows of the paths that checkpoint owns now, and the next
+sync imports it).
 
 Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
 and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
@@ -66,7 +67,7 @@ from state_engine.faults import crash_point
 from state_engine.flink.discarded import (
     Stamp,
     discarded_stamp,
-    expired_note,
+    expired_details,
     metadata_stamp,
 )
 from state_engine.flink.import_job import (
@@ -225,6 +226,9 @@ class ExpirePlan:
     foreign: list[str] = field(default_factory=list)  # released, outside: reported, kept
     dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
     links_kept: list[str] = field(default_factory=list)  # see links_to_keep
+    #: catalog rows only dead snapshots reference whose path a checkpoint on disk (not imported
+    #: yet: new where an expired one was) references now: forgotten, the file kept
+    forget_only: list[str] = field(default_factory=list)
 
 
 def _metadata_of(snap: SnapshotRecord) -> tuple[FileStore, str]:
@@ -336,9 +340,12 @@ def _expire_plan(
     # on disk -- written since the last import, or new where a discarded one was -- pins its files.
     expiring = {s.location for s in plan.expired}
     dead = expiring | {loc for loc, (_, is_discarded) in on_disk.items() if is_discarded}
+    on_disk_live: set[str] = set()
     for location, (refs, _) in on_disk.items():
         if location not in dead:
-            live.update(refs)
+            on_disk_live.update(refs)
+    catalog_live = set(live)
+    live |= on_disk_live
     candidates: dict[str, int] = {}
     for s in plan.expired:
         for f in catalog.snapshot_files(s.id):
@@ -350,6 +357,7 @@ def _expire_plan(
         if location in dead:
             for url, size in refs.items():
                 candidates.setdefault(url, size)
+    plan.forget_only = sorted(u for u in candidates if u in on_disk_live and u not in catalog_live)
     candidates = {u: n for u, n in candidates.items() if u not in live}
     plan.dead_dirs = sorted(d for d in expiring | set(discarded) if _under(d, dirs))
     linked = links_to_keep([u for u in candidates if _under(u, dirs)], live, dirs)
@@ -400,10 +408,16 @@ def expire_body(
         for snap in plan.expired:
             lease.check()
             # what its _metadata is: a later run tells it from a new checkpoint at its location
+            stamp = metadata_stamp(*_metadata_of(snap))
             catalog.discard_snapshot(
-                snap.id, error=expired_note(metadata_stamp(*_metadata_of(snap)))
+                snap.id,
+                error="expired" if stamp else "expired; its _metadata was already gone",
+                details=expired_details(stamp),
             )
         crash_point("flink.expire.after_discard")
+        if plan.forget_only:
+            lease.check()
+            catalog.forget_files(job, plan.forget_only, lease=lease.name, token=lease.held_token)
         done = forget_and_delete(catalog, lease, plan.files, threads=threads)
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in done.paths] + plan.dead_dirs,
@@ -431,6 +445,9 @@ def _expire_stats(
         "would_delete_bytes": sum(plan.files.values()),
         "foreign_kept": plan.foreign,
         "links_kept": plan.links_kept,
+        # paths a checkpoint written since (where an expired one was) owns now: kept on disk,
+        # forgotten by the catalog, which the next sync imports them into
+        "forgotten_for_new_checkpoints": plan.forget_only,
         "deleted": _deleted(list(deleted)),
     }
 

@@ -9,6 +9,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.pool import StaticPool
 
 from state_engine.catalog import (
     VERSION_TABLE,
@@ -20,7 +21,7 @@ from state_engine.catalog import (
     upgrade,
 )
 from state_engine.catalog.models import Base
-from state_engine.errors import CatalogUnreachable, CatalogVersionMismatch
+from state_engine.errors import CatalogUnreachable, CatalogVersionMismatch, CommitConflict
 from tests.fixtures.catalog import DATABASES
 
 VIEWS = {
@@ -141,3 +142,96 @@ def test_sqlite_runs_in_wal_mode_with_foreign_keys(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         busy_timeout = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
         assert busy_timeout is not None and busy_timeout >= 1000
+
+
+def test_0005_keeps_every_row_moves_discard_stamps_and_frees_discarded_checkpoint_ids(
+    empty_url: str,
+) -> None:
+    """Revision 0005 rebuilds sk_snapshots on SQLite: nothing that references a snapshot may go
+    (a cascading delete would take the file references with it), the expired Flink snapshots'
+    ``_metadata`` stamps move from ``error`` into ``details``, and a DISCARDED snapshot's
+    checkpoint id may be taken again while a live one's may not."""
+    upgrade(empty_url, "0004")
+    note = (
+        "expired; its _metadata was 912 bytes, modified at 1764000000.25, changed at "
+        "1764000001.5 (epoch s)"
+    )
+    engine = create_engine(parse_url(empty_url))
+    try:
+        with engine.begin() as conn:  # the code is at head: rows of revision 0004 by hand
+            now = "2026-11-25 10:00:00"
+            job_id = conn.execute(
+                text(
+                    "INSERT INTO sk_jobs (name, max_parallelism, properties, created_at, origin) "
+                    "VALUES ('j', 8, '{}', :now, 'flink') RETURNING id"
+                ),
+                {"now": now},
+            ).scalar_one()
+            ids = {}
+            for cid, status, error in ((1, "COMPLETED", None), (2, "DISCARDED", note)):
+                sid = ids[cid] = conn.execute(
+                    text(
+                        "INSERT INTO sk_snapshots (job_id, checkpoint_id, kind, format, status, "
+                        "parallelism, max_parallelism, location, bytes, entries, created_at, "
+                        "trigger, version, error) VALUES (:job, :cid, 'CHECKPOINT', 'NATIVE', "
+                        ":status, 1, 8, :loc, 0, 0, :now, 'import', 0, :error) RETURNING id"
+                    ),
+                    {
+                        "job": job_id,
+                        "cid": cid,
+                        "status": status,
+                        "loc": f"file:///j/chk-{cid}",
+                        "now": now,
+                        "error": error,
+                    },  # fmt: skip
+                ).scalar_one()
+                fid = conn.execute(
+                    text(
+                        "INSERT INTO sk_files (job_id, path, size, shared, live_refs, "
+                        "created_at, created_by_snapshot_id) VALUES (:job, :path, 3, false, "
+                        ":refs, :now, :sid) RETURNING id"
+                    ),
+                    {
+                        "job": job_id,
+                        "path": f"file:///j/chk-{cid}/f",
+                        "refs": int(cid == 1),
+                        "now": now,
+                        "sid": sid,
+                    },  # fmt: skip
+                ).scalar_one()
+                conn.execute(
+                    text(
+                        "INSERT INTO sk_snapshot_files (snapshot_id, file_id) VALUES (:sid, :fid)"
+                    ),
+                    {"sid": sid, "fid": fid},
+                )
+    finally:
+        engine.dispose()
+    upgrade(empty_url)
+    with Catalog.open(empty_url) as cat:
+        for cid, sid in ids.items():
+            assert [f.path for f in cat.snapshot_files(sid)] == [f"file:///j/chk-{cid}/f"]
+        record = cat.get_snapshot(ids[2])
+        assert record.details == {
+            "discarded_metadata": {"size": 912, "modified": 1764000000.25, "changed": 1764000001.5}
+        }
+        again = cat.begin_snapshot("j", location="file:///j/chk-2", parallelism=1, checkpoint_id=2)
+        assert again.id != ids[2]
+        with pytest.raises(CommitConflict):
+            cat.begin_snapshot("j", location="file:///j/x", parallelism=1, checkpoint_id=1)
+    with pytest.raises(RuntimeError, match="checkpoint id 2 on more than one snapshot"):
+        downgrade(empty_url, "0004")
+    assert current_revision(empty_url) == head_revision()
+
+
+def test_migrations_leave_sqlite_foreign_keys_enforced(tmp_path: Path) -> None:
+    """The rebuild runs with SQLite's foreign keys off; an engine handed in gets them back."""
+    from state_engine.catalog.engine import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}", poolclass=StaticPool)
+    try:
+        upgrade(engine)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        engine.dispose()

@@ -201,25 +201,64 @@ def test_a_directory_missing_at_a_sync_keeps_its_snapshots(
     assert verify(catalog, "r").ok
 
 
-def test_a_new_checkpoint_where_a_discarded_one_was_is_kept(
+def test_a_new_checkpoint_where_a_discarded_one_was_is_imported_as_a_snapshot_of_its_own(
     catalog: Catalog, flink_fixtures: FlinkFixtures, flink_copy: Callable[[Path], Path]
 ) -> None:
     job_dir = flink_copy(flink_fixtures.java_job("hashmap"))
-    import_flink(catalog, [str(job_dir)], "hm")
+    first = import_flink(catalog, [str(job_dir)], "hm")
+    old_8 = next(a["snapshot_id"] for a in first.added if a["checkpoint_id"] == 8)
     run_maintenance(catalog, "expire", job="hm", retain_last=1)  # chk-8, chk-10 deleted
     assert not (job_dir / "chk-8").exists()
-    # The job restarted under the same Flink job id (checkpoint ids from 1 again) and completed
-    # a new chk-8; the old run's chk-11 was cleaned up.
+    # The job restarted under the same Flink job id (application mode's fixed id) from an early
+    # savepoint and completed a new chk-8; the old run's chk-11 was cleaned up.
     shutil.rmtree(job_dir / "chk-11")
     shutil.copytree(flink_fixtures.java_job("hashmap") / "chk-8", job_dir / "chk-8")
     sync = import_flink(catalog, [str(job_dir)], "hm")
-    assert [s["checkpoint_id"] for s in sync.skipped] == [8]
-    assert "a new checkpoint 8" in sync.skipped[0]["reason"]
+    assert [a["checkpoint_id"] for a in sync.added] == [8] and not sync.skipped
+    new_8 = sync.added[0]["snapshot_id"]
+    assert new_8 != old_8 and catalog.get_snapshot(old_8).status == "DISCARDED"
+    assert catalog.get_snapshot(new_8).status == "COMPLETED"
+    assert [v["checkpoint_id"] for v in sync.vanished] == [11]
+    assert verify(catalog, "hm").ok
+    again = import_flink(catalog, [str(job_dir)], "hm")  # a sync changes nothing more
+    assert again.unchanged == [8] and not again.added and not again.skipped
     _age(job_dir)
     live = _live_files(job_dir, ["chk-8"])
     out = run_maintenance(catalog, "orphan_cleanup", job="hm", older_than="1d")
     assert out["deleted"]["items"] == []
     assert all(p.exists() for p in live)
+
+
+def test_a_new_checkpoint_where_an_unfinished_expire_left_files_waits_for_that_expire(
+    catalog: Catalog,
+    flink_fixtures: FlinkFixtures,
+    flink_copy: Callable[[Path], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_dir = flink_copy(flink_fixtures.java_job("hashmap"))
+    import_flink(catalog, [str(job_dir)], "hm")
+
+    def killed(kind: str, job: str) -> None:
+        raise RuntimeError("killed between discarding and deleting")
+
+    monkeypatch.setattr(deletion.hooks, "before_forget", killed)
+    with pytest.raises(MaintenanceJobFailed, match="killed"):
+        run_maintenance(catalog, "expire", job="hm", retain_last=1)
+    monkeypatch.setattr(deletion.hooks, "before_forget", None)
+    # a new chk-8 written over the old one before the expire ran again
+    shutil.rmtree(job_dir / "chk-8")
+    shutil.copytree(flink_fixtures.java_job("hashmap") / "chk-8", job_dir / "chk-8")
+    sync = import_flink(catalog, [str(job_dir)], "hm")
+    reasons = {s["checkpoint_id"]: s["reason"] for s in sync.skipped}
+    assert sorted(reasons) == [8, 10] and not sync.added
+    assert "did not finish removing its files" in reasons[8]
+    assert "expired; its files go next" in reasons[10]  # the very _metadata discarded
+    live = _live_files(job_dir, ["chk-8"])
+    run_maintenance(catalog, "expire", job="hm", retain_last=1)
+    assert all(p.exists() for p in live)  # the new checkpoint's files are kept
+    after = import_flink(catalog, [str(job_dir)], "hm")
+    assert [a["checkpoint_id"] for a in after.added] == [8]
+    assert verify(catalog, "hm").ok
 
 
 def test_an_interrupted_expire_leaves_a_metadata_the_next_run_deletes(

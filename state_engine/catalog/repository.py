@@ -792,6 +792,21 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 s.scalars(select(File.path).where(File.job_id == job_id, File.live_refs > 0))
             )
 
+    def path_owners(self, paths: Iterable[str]) -> dict[str, str]:
+        """The job that holds each of ``paths`` the catalog knows (path -> job name); one
+        indexed lookup per chunk of paths."""
+        wanted = sorted(set(paths))
+        out: dict[str, str] = {}
+        with self._read() as s:
+            for part in chunks(wanted):
+                rows = s.execute(
+                    select(File.path, Job.name)
+                    .join(Job, Job.id == File.job_id)
+                    .where(File.path.in_(part))
+                )
+                out.update((path, name) for path, name in rows)
+        return out
+
     def known_paths(self, job: str | int) -> set[str]:
         """Every path the catalog knows for the job (live or releasable)."""
         with self._read() as s:

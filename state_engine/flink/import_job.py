@@ -663,27 +663,22 @@ def _not_imported_because(
 def _refuse_files_of_other_jobs(
     catalog: Catalog, job: str, todo: list[_ToImport], directories: list[str]
 ) -> None:
-    """A file belongs to one job: refuse snapshots that reference files another Flink job holds
-    (the second of a NO_CLAIM child and its ancestor), naming that job.
-
-    One ``known_paths`` read per other Flink job; Statekeeper jobs write under their own layout,
-    which a Flink ``_metadata`` never references."""
+    """A file belongs to one job: refuse snapshots that reference files another job holds
+    (the second of a NO_CLAIM child and its ancestor), naming that job. One indexed lookup of
+    the new snapshots' paths, whatever the number of jobs and their files."""
     paths = {r.path for item in todo for r in item.refs}
-    if not paths:
-        return
-    for other in catalog.list_jobs():
-        if other.name == job or other.origin != "flink":
-            continue
-        held = sorted(paths & catalog.known_paths(other.name))
-        if held:
-            raise FlinkImportError(
-                f"{len(held)} file(s) that snapshots under {', '.join(directories)} reference "
-                f"already belong to Flink job {other.name!r} (e.g. {held[0]}): a job restored "
-                "from its snapshot in NO_CLAIM or LEGACY mode, or a copy of its directory. A file "
-                f"belongs to one job, so nothing was imported: import these directories into job "
-                f"{other.name!r} (`statectl flink import PATH... --job {other.name}`), or once "
-                "their checkpoints no longer reference its files"
-            )
+    owners = catalog.path_owners(paths) if paths else {}
+    held = sorted(p for p, owner in owners.items() if owner != job)
+    if held:
+        other = owners[held[0]]
+        raise FlinkImportError(
+            f"{len(held)} file(s) that snapshots under {', '.join(directories)} reference "
+            f"already belong to job {other!r} (e.g. {held[0]}): a job restored from its snapshot "
+            "in NO_CLAIM or LEGACY mode, or a copy of its directory. A file belongs to one job, "
+            f"so nothing was imported: import these directories into job {other!r} (`statectl "
+            f"flink import PATH... --job {other}`), or once their checkpoints no longer "
+            "reference its files"
+        )
 
 
 def _write_snapshot(catalog: Catalog, job: str, item: _ToImport, report: ImportReport) -> None:

@@ -128,3 +128,15 @@ def test_a_broken_query_names_the_tables_and_views(catalog: Catalog) -> None:
     with pytest.raises(QueryFailed, match="sk_v_"):
         catalog.query("SELECT * FROM no_such_table")
     assert catalog.query("SELECT 1 AS one, 'a;b' AS s -- trailing;").rows == [(1, "a;b")]
+
+
+def test_path_owners_names_the_job_of_each_known_path(catalog: Catalog) -> None:
+    for job in ("a", "b"):
+        catalog.register_job(job, max_parallelism=8)
+        snap = catalog.begin_snapshot(job, location=f"file:///{job}/chk-1", parallelism=1)
+        catalog.attach_files(
+            snap.id, [FileRef(path=f"file:///{job}/chk-1/{n}", size=1) for n in range(3)]
+        )
+    wanted = ["file:///a/chk-1/0", "file:///b/chk-1/2", "file:///c/nowhere", "file:///a/chk-1/0"]
+    assert catalog.path_owners(wanted) == {"file:///a/chk-1/0": "a", "file:///b/chk-1/2": "b"}
+    assert catalog.path_owners([]) == {}

@@ -316,7 +316,7 @@ def test_a_no_claim_child_of_an_imported_job_is_refused_before_anything_is_writt
     (child / "shared").mkdir()
     import_flink(catalog, [str(ancestor)], "anc")
     jobs = [(j.name, j.id) for j in catalog.list_jobs()]
-    with pytest.raises(FlinkImportError, match="already belong to Flink job 'anc'"):
+    with pytest.raises(FlinkImportError, match="already belong to job 'anc'"):
         import_flink(catalog, [str(child)], "child")
     assert [(j.name, j.id) for j in catalog.list_jobs()] == jobs
     assert catalog.directory_owner(_url(child)) is None

@@ -2,7 +2,7 @@
 
 * ``sk_snapshots.details`` (JSON, NULL when empty): what an origin knows about a snapshot. A
   Flink snapshot discarded by expire keeps there the stamp of the ``_metadata`` it was discarded
-  with, which revision 0003's code wrote as text into ``error``: those notes move over.
+  with, which earlier code wrote as text into ``error``: those notes move over.
 * ``UNIQUE (job_id, checkpoint_id)`` becomes a unique index over the rows that are not DISCARDED.
   A discarded snapshot is history; a Flink job restarted under the same job id (application
   mode's fixed id) writes ``chk-N`` again where an expired one was, and that is a new snapshot.
@@ -43,7 +43,7 @@ SNAPSHOT_VIEWS = (
     "sk_v_snapshot_files",
     "sk_v_key_group_skew",
 )
-#: the note revision 0003's expire wrote into ``error`` (``expired_note`` of that code)
+#: the note earlier code's expire wrote into ``error`` (its ``expired_note``)
 STAMP_NOTE = re.compile(
     r"its _metadata was (\d+) bytes, modified at ([0-9.e+-]+), changed at ([0-9.e+-]+) "
     r"\(epoch s\)"

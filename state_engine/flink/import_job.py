@@ -648,15 +648,15 @@ def _not_imported_because(
     for snap in here:
         if is_discarded_metadata(snap, stamp):
             return f"snapshot {snap.id} is DISCARDED in the catalog (expired; its files go next)"
-    for snap in here:
-        if catalog.snapshot_files(snap.id, limit=1):
-            # its file rows would clash with the new _metadata's (one path, one file)
-            return (
-                f"a new checkpoint {cid} where snapshot {snap.id} was discarded, whose expire "
-                "did not finish removing its files; run `statectl maintain expire --job "
-                f"{snap.job} ...` again to finish it (it keeps this checkpoint's files), and the "
-                "next sync imports this one"
-            )
+    # The old _metadata's row is forgotten by the expire that discarded it; until then it
+    # clashes with the new one's (one path, one file). Its shared files may stay: reused.
+    if catalog.path_owners([f"{location.rstrip('/')}/{METADATA_FILE_NAME}"]):
+        return (
+            f"a new checkpoint {cid} where snapshot {here[0].id} was discarded, whose expire did "
+            f"not finish removing its files; run `statectl maintain expire --job {here[0].job} "
+            "...` again to finish it (it keeps this checkpoint's files), and the next sync "
+            "imports this one"
+        )
     return None  # a new checkpoint where an expired one was: a snapshot of its own
 
 

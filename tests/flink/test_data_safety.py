@@ -229,6 +229,31 @@ def test_a_new_checkpoint_where_a_discarded_one_was_is_imported_as_a_snapshot_of
     assert all(p.exists() for p in live)
 
 
+def test_a_new_rocksdb_checkpoint_where_an_expired_one_was_reuses_the_shared_files_kept(
+    catalog: Catalog, flink_fixtures: FlinkFixtures, flink_copy: Callable[[Path], Path]
+) -> None:
+    """The expired chk-8's shared files that chk-11 still uses stay, with their references from
+    the discarded row: the new chk-8 reuses them, and nothing waits for them to go."""
+    original = flink_fixtures.java_job("rocksdb")
+    job_dir = flink_copy(original)
+    import_flink(catalog, [str(job_dir)], "r")
+    run_maintenance(catalog, "expire", job="r", retain_last=1)  # chk-8, chk-10 go
+    assert not (job_dir / "chk-8").exists()
+    shutil.copytree(original / "chk-8", job_dir / "chk-8", copy_function=shutil.copy2)
+    for f in (original / "shared").iterdir():  # the SSTs only chk-8 used, uploaded again
+        if not (job_dir / "shared" / f.name).exists():
+            shutil.copy2(f, job_dir / "shared" / f.name)
+    sync = import_flink(catalog, [str(job_dir)], "r")
+    assert [a["checkpoint_id"] for a in sync.added] == [8] and not sync.skipped
+    assert verify(catalog, "r").ok
+    _age(job_dir)
+    live = _live_files(job_dir, ["chk-8", "chk-11"])
+    out = run_maintenance(catalog, "orphan_cleanup", job="r", older_than="1d")
+    # only the fixture's SSTs no checkpoint uses (copied back above with the rest) are orphans
+    assert all("/shared/" in u for u in out["deleted"]["items"])
+    assert all(p.exists() for p in live) and verify(catalog, "r").ok
+
+
 def test_a_new_checkpoint_where_an_unfinished_expire_left_files_waits_for_that_expire(
     catalog: Catalog,
     flink_fixtures: FlinkFixtures,

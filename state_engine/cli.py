@@ -93,8 +93,19 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     with _open_catalog() as catalog:
         jobs = catalog.list_jobs()
         latest = {s.job_id: s for s in catalog.latest_snapshots()}
+        # the directories a Flink job's snapshots are imported from (none for Statekeeper jobs)
+        dirs = {j.id: catalog.job_directories(j.id) for j in jobs if j.origin == "flink"}
     if args.json:
-        _print_json([{**dataclasses.asdict(j), "latest_snapshot": latest.get(j.id)} for j in jobs])
+        _print_json(
+            [
+                {
+                    **dataclasses.asdict(j),
+                    "latest_snapshot": latest.get(j.id),
+                    "directories": [{"path": p, "role": r} for p, r in dirs.get(j.id, [])],
+                }
+                for j in jobs
+            ]
+        )
         return 0
     rows = []
     for j in jobs:

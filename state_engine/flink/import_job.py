@@ -462,7 +462,6 @@ def _import(
             job,
             max_parallelism=max_p or 128,
             location=location or (listings[0].root_url if listings else None),
-            properties={"flink": {"directories": report.directories}},
             origin="flink",
         )
     for listing in listings:

@@ -252,6 +252,8 @@ def test_existing_commands_work_on_an_imported_job(
     assert [(j["name"], j["origin"], j["latest_snapshot"]["checkpoint_id"]) for j in jobs] == [
         ("j", "flink", 11)
     ]
+    roles = {d["path"]: d["role"] for d in jobs[0]["directories"]}
+    assert roles == {_url(job_dir): "flink-checkpoints", _url(sp): "flink-savepoints"}
     snaps = json.loads(run("snapshots", "j", "--json"))
     assert [s["checkpoint_id"] for s in snaps] == [11, 10, 9, 8, 5]
     chk8 = next(s for s in snaps if s["checkpoint_id"] == 8)

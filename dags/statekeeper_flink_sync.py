@@ -17,7 +17,10 @@ instance per job):
    savepoints (a `chk-N` or savepoint directory with a `_metadata`) are added to the catalog as
    snapshots of a job of origin `flink`, snapshots whose directory vanished are marked
    DISCARDED, nothing is duplicated. A directory already imported under another job name, or a
-   `_metadata` that cannot be read, fails the task at once with the reason.
+   `_metadata` that cannot be read, fails the task at once with the reason. A configured
+   directory that is missing keeps its snapshots (a volume may come back): the task logs a
+   warning, and verify fails until it is back or, deleted on purpose, forgotten with
+   `statectl flink forget-directory PATH --job NAME` and taken out of the configuration.
 2. **verify**: `statectl verify` of the job: every file of every completed snapshot is in
    storage with its size and checksum and every `_metadata` lists exactly the catalog's files;
    an inconsistency fails the task (unreferenced files are warnings: orphan cleanup in the

@@ -55,6 +55,17 @@ def sync_job(job: Mapping[str, Any]) -> dict[str, Any]:
     except (ConfigurationError, NotFound, FlinkError) as exc:
         raise AirflowFailException(f"Flink job {job['name']!r}: {exc}") from exc
     log.info("%s", report.render())
+    for missing in report.missing_directories:
+        # its snapshots stay (a volume may come back); verify fails on them until it is back
+        log.warning(
+            "Flink job %r: directory %s is missing; its snapshots are kept. If it was deleted on "
+            "purpose: statectl flink forget-directory %s --job %s, and take it out of the job's "
+            "configuration",
+            job["name"],
+            missing,
+            missing,
+            job["name"],
+        )
     return report.to_dict()
 
 

@@ -103,6 +103,32 @@ def test_flink_sync_imports_then_verifies_and_a_rerun_adds_nothing(
                       11: "COMPLETED"}  # fmt: skip
 
 
+def test_a_deleted_savepoint_directory_fails_verify_until_it_is_forgotten(
+    dag_of: Callable[[str], Any], flink_env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from state_engine.flink.forget import forget_directory
+
+    assert dag_of("statekeeper_flink_sync").test().state == "success"
+    shutil.rmtree(flink_env["savepoints"])  # deleted on purpose (or a volume not mounted)
+    missing = dag_of("statekeeper_flink_sync").test()
+    assert task_states(missing) == {
+        "list_flink_jobs": ["success"],
+        "flink_job.sync": ["success"],  # its snapshots are kept: it may come back
+        "flink_job.verify": ["failed"],
+    }
+    with catalog() as cat:
+        report = forget_directory(cat, str(flink_env["savepoints"]), "payments")
+        assert sorted(d["checkpoint_id"] for d in report.discarded) == [5, 9]
+    # still configured, it is a directory that does not exist: the sync says so
+    assert task_states(dag_of("statekeeper_flink_sync").test())["flink_job.sync"] == ["failed"]
+    monkeypatch.setenv(
+        "AIRFLOW_VAR_STATEKEEPER_FLINK_JOBS",
+        json.dumps({"payments": {"checkpoint_dir": str(flink_env["job_dir"])}}),
+    )
+    again = dag_of("statekeeper_flink_sync").test()
+    assert again.state == "success", task_states(again)
+
+
 def test_flink_sync_fails_the_job_whose_metadata_is_corrupt(
     dag_of: Callable[[str], Any], flink_env: dict[str, Path]
 ) -> None:

@@ -77,8 +77,10 @@ class FileRef:
     ``shared`` files (e.g. RocksDB SSTs under ``shared/``) may be referenced by many snapshots;
     any other file belongs to the one snapshot that registered it. ``reused``: an earlier
     snapshot's file that this one references again instead of writing it, so the catalog must
-    still know it. ``operator`` is the operator uid (created on first use); the key-group range
-    is inclusive.
+    still know it. ``foreign``: a file outside the snapshot's job's own directories (a Flink
+    job restored in NO_CLAIM or LEGACY mode references its ancestor's files); if another job
+    holds it, the snapshot references that job's file, which stays live while it does. ``operator``
+    is the operator uid (created on first use); the key-group range is inclusive.
     """
 
     path: str
@@ -91,6 +93,7 @@ class FileRef:
     key_group_end: int | None = None
     details: dict[str, Any] | None = None
     reused: bool = False
+    foreign: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -435,7 +435,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         job) gets this snapshot as its last user. An exclusive path already registered by another
         snapshot is refused with FileAlreadyRegistered, a ``reused`` path the catalog no longer
         knows (deleted since the snapshot it came from) with ReusedFileMissing; nothing of a
-        refused call is kept.
+        refused call is kept. A ``foreign`` path another job holds is referenced as that job's
+        file (its live references count this snapshot too).
         """
         refs = list(files)
         if not refs:
@@ -806,6 +807,45 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 )
                 out.update((path, name) for path, name in rows)
         return out
+
+    def paths_referenced_elsewhere(self, job: str | int) -> set[str]:
+        """Paths of ``job``'s files that retained snapshots of other jobs reference (a Flink job
+        restored from this one's snapshot in NO_CLAIM or LEGACY mode): never to be deleted."""
+        with self._read() as s:
+            job_id = _resolve_job(s, job).id
+            return set(
+                s.scalars(
+                    select(File.path)
+                    .distinct()
+                    .join(SnapshotFile, SnapshotFile.file_id == File.id)
+                    .join(Snapshot, Snapshot.id == SnapshotFile.snapshot_id)
+                    .where(
+                        File.job_id == job_id,
+                        Snapshot.job_id != job_id,
+                        Snapshot.status.in_(RETAINED_STATUSES),
+                    )
+                )
+            )
+
+    def adopt_files(self, job: str | int, paths: Iterable[str]) -> int:
+        """Make ``job`` the holder of ``paths`` (files in its own directories that another job,
+        imported first, registered as its foreign references); their references and live counts
+        stay as they are. Returns how many changed hands."""
+        wanted = sorted(set(paths))
+        with self._write() as s:
+            job_id = _resolve_job(s, job).id
+            moved = 0
+            for part in chunks(wanted):
+                moved += cast(
+                    "CursorResult[Any]",
+                    s.execute(
+                        update(File)
+                        .where(File.path.in_(part), File.job_id != job_id)
+                        .values(job_id=job_id)
+                        .execution_options(synchronize_session=False)
+                    ),
+                ).rowcount
+            return moved
 
     def known_paths(self, job: str | int) -> set[str]:
         """Every path the catalog knows for the job (live or releasable)."""
@@ -1272,17 +1312,18 @@ def _check_reuse(
     checksum: str | None,
     created_by: int | None,
 ) -> None:
-    if job_id != snap_job_id:
+    if job_id != snap_job_id and not ref.foreign:
         raise FileAlreadyRegistered(
             f"{ref.path} is already registered to another job (file {fid}); a file belongs to "
-            "one job: write this snapshot's files under its own job's directory"
+            "one job: write this snapshot's files under its own job's directory (a file of "
+            "another job is referenced only as foreign)"
         )
     if size != ref.size or (checksum and ref.checksum and checksum != ref.checksum):
         raise FileAlreadyRegistered(
             f"{ref.path} is already registered with size {size} and checksum {checksum}, not "
             f"{ref.size} / {ref.checksum}; file names are never reused: write it under a new name"
         )
-    if created_by != snap_id and not ref.shared:
+    if created_by != snap_id and not (ref.shared or ref.foreign):
         raise FileAlreadyRegistered(
             f"{ref.path} is already registered by snapshot {created_by}; a file exclusive to one "
             f"snapshot cannot be attached to snapshot {snap_id}: attach it as shared, or write "

@@ -40,7 +40,7 @@ import os
 import posixpath
 import re
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
@@ -59,6 +59,7 @@ from state_engine.flink.discarded import is_discarded_metadata, metadata_stamp
 from state_engine.flink.metadata import (
     INLINE,
     KEY_GROUPS,
+    KIND_FOREIGN,
     METADATA_FILE_NAME,
     ROLE_SHARED,
     SAVEPOINT_KEY_GROUPS,
@@ -267,11 +268,15 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
         kg_start = kg_end = None
         if kg is not None and kg.start <= kg.end:  # a non-empty range
             kg_start, kg_end = kg.start, kg.end
+        # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
+        # job's file, if the catalog has that job, and used by more than this snapshot
+        foreign = h.kind == KIND_FOREIGN
         add(
             FileRef(
                 path=to_url(location),
                 size=h.size,
-                shared=role == ROLE_SHARED,
+                shared=role == ROLE_SHARED or foreign,
+                foreign=foreign,
                 operator=operators.get(r.operator_id, r.operator_id),
                 subtask=r.subtask if r.subtask >= 0 else None,
                 key_group_start=kg_start,
@@ -453,7 +458,11 @@ def _import(
         existing.setdefault(snap.checkpoint_id, []).append(snap)
     todo, present = _plan(found, catalog, existing, report)
     # Checked before anything is written: the catalog stays as it was.
-    _refuse_files_of_other_jobs(catalog, job, todo, report.directories)
+    adopt = _files_to_adopt(catalog, job, todo, report.directories)
+    if adopt:  # files another job's snapshots reference too: shared, whatever their role
+        taken = set(adopt)
+        for item in todo:
+            item.refs = [replace(r, shared=True) if r.path in taken else r for r in item.refs]
 
     if record is None:
         max_p = max((_catalog_parallelism(m)[1] for _, m in found), default=None)
@@ -466,6 +475,8 @@ def _import(
         )
     for listing in listings:
         catalog.claim_directory(job, listing.root_url, listing.role)
+    if adopt:
+        catalog.adopt_files(job, adopt)
     for item in todo:
         _write_snapshot(catalog, job, item, report)
     _mark_vanished(catalog, job, listings, present, report)
@@ -659,25 +670,36 @@ def _not_imported_because(
     return None  # a new checkpoint where an expired one was: a snapshot of its own
 
 
-def _refuse_files_of_other_jobs(
+def _files_to_adopt(
     catalog: Catalog, job: str, todo: list[_ToImport], directories: list[str]
-) -> None:
-    """A file belongs to one job: refuse snapshots that reference files another job holds
-    (the second of a NO_CLAIM child and its ancestor), naming that job. One indexed lookup of
-    the new snapshots' paths, whatever the number of jobs and their files."""
-    paths = {r.path for item in todo for r in item.refs}
-    owners = catalog.path_owners(paths) if paths else {}
-    held = sorted(p for p, owner in owners.items() if owner != job)
+) -> list[str]:
+    """The files in the job's own directories that another job registered first as its foreign
+    references (a NO_CLAIM child imported before its ancestor): this job takes them over.
+
+    A file another job holds in its own directories refuses the import (a directory inside one
+    of that job's), naming that job. A snapshot's foreign references to other jobs'
+    files are what they are: references. One indexed lookup of the new snapshots' paths,
+    whatever the number of jobs and their files."""
+    own = {r.path for item in todo for r in item.refs if not r.foreign}
+    owners = catalog.path_owners(own) if own else {}
+    others = {p: o for p, o in owners.items() if o != job}
+    flink_jobs = {j.name for j in catalog.list_jobs() if j.origin == "flink"}
+    claimed = {o: [d for d, _ in catalog.job_directories(o)] for o in set(others.values())}
+    # adopted only from a Flink job that holds the file outside its own directories
+    held = sorted(p for p, o in others.items() if o not in flink_jobs or _in_any(p, claimed[o]))
     if held:
-        other = owners[held[0]]
+        other = others[held[0]]
         raise FlinkImportError(
             f"{len(held)} file(s) that snapshots under {', '.join(directories)} reference "
-            f"already belong to job {other!r} (e.g. {held[0]}): a job restored from its snapshot "
-            "in NO_CLAIM or LEGACY mode, or a copy of its directory. A file belongs to one job, "
-            f"so nothing was imported: import these directories into job {other!r} (`statectl "
-            f"flink import PATH... --job {other}`), or once their checkpoints no longer "
-            "reference its files"
+            f"already belong to job {other!r} (e.g. {held[0]}), in its own directories: this "
+            "is one of its directories, or inside one. A file belongs to one job, so nothing was "
+            f"imported: sync it as job {other!r} (`statectl flink import PATH... --job {other}`)"
         )
+    return sorted(others)
+
+
+def _in_any(path: str, directories: list[str]) -> bool:
+    return any(path.startswith(d.rstrip("/") + "/") for d in directories)
 
 
 def _write_snapshot(catalog: Catalog, job: str, item: _ToImport, report: ImportReport) -> None:

@@ -333,6 +333,8 @@ def _expire_plan(
     live: set[str] = set()
     for s in retained:
         live.update(f.path for f in catalog.snapshot_files(s.id))
+    # and what other jobs' snapshots reference (a NO_CLAIM or LEGACY child of this job)
+    live |= catalog.paths_referenced_elsewhere(job)
     discarded = discarded_metadata(catalog, job)
     on_disk = disk_checkpoints(catalog, job, discarded)
     # Dead: the checkpoints expired now, and those whose _metadata on disk is the very file the

@@ -26,6 +26,7 @@ from state_engine.errors import (
     InvalidJobParams,
     MaintenanceJobFailed,
 )
+from state_engine.flink.forget import forget_directory
 from state_engine.flink.import_job import import_flink
 from state_engine.flink.retention import run_maintenance
 from state_engine.jobs import deletion
@@ -331,20 +332,71 @@ def test_expire_keeps_the_newest_run_of_a_job_with_two_flink_job_directories(
     assert meta.exists() and (old_run / "chk-11" / "_metadata").exists()
 
 
-def test_a_no_claim_child_of_an_imported_job_is_refused_before_anything_is_written(
-    catalog: Catalog, flink_fixtures: FlinkFixtures, flink_root: Path, tmp_path: Path
-) -> None:
-    ancestor = _rocks_job_at(flink_fixtures, flink_root)
-    child = tmp_path / "child" / "checkpoints" / ("c" * 32)  # restored from chk-8, NO_CLAIM
+def _no_claim_child(ancestor: Path, tmp_path: Path) -> Path:
+    """A job restored from the ancestor's chk-8 in NO_CLAIM mode, whose first checkpoint still
+    references the ancestor's files by their absolute paths (its own shared/ is empty)."""
+    child = tmp_path / "child" / "checkpoints" / ("c" * 32)
     (child / "chk-8").mkdir(parents=True)
     shutil.copy2(ancestor / "chk-8" / "_metadata", child / "chk-8" / "_metadata")
     (child / "shared").mkdir()
+    return child
+
+
+@pytest.mark.parametrize("ancestor_first", [True, False], ids=["ancestor-first", "child-first"])
+def test_a_no_claim_child_is_a_job_of_its_own_whose_references_pin_the_ancestors_files(
+    catalog: Catalog,
+    flink_fixtures: FlinkFixtures,
+    flink_root: Path,
+    tmp_path: Path,
+    ancestor_first: bool,
+) -> None:
+    ancestor = _rocks_job_at(flink_fixtures, flink_root)
+    child = _no_claim_child(ancestor, tmp_path)
+    order = [(ancestor, "anc"), (child, "child")]
+    for directory, job in order if ancestor_first else order[::-1]:
+        report = import_flink(catalog, [str(directory)], job)
+        assert report.added and not report.skipped, report.render()
+    held = catalog.path_owners(_used_by([child / "chk-8"], child))
+    pinned = {u for u, job in held.items() if job == "anc"}
+    assert pinned and all(u.startswith(_url(ancestor)) for u in pinned)
+    assert verify(catalog, "anc").ok and verify(catalog, "child").ok
+
+    # the ancestor's retention and cleanup keep what the child's checkpoint uses
+    plan = run_maintenance(catalog, "expire", job="anc", retain_last=1, dry_run=True)
+    assert plan["deleted"]["items"] and not pinned & set(plan["deleted"]["items"])
+    run_maintenance(catalog, "expire", job="anc", retain_last=1)  # its chk-8 and chk-10 go
+    _age(ancestor)
+    run_maintenance(catalog, "orphan_cleanup", job="anc", older_than="1d")
+    assert all(Path(u[len("file://") :]).exists() for u in pinned)
+    assert verify(catalog, "child").ok and verify(catalog, "anc").ok
+    # the child's never touch the ancestor's files
+    before = _files(ancestor)
+    run_maintenance(catalog, "orphan_cleanup", job="child", older_than="0s")
+    assert _files(ancestor) == before
+
+    # once the child no longer references them, the ancestor's cleanup takes them
+    shutil.rmtree(child)
+    forget_directory(catalog, str(child), "child")
+    assert catalog.paths_referenced_elsewhere("anc") == set()
+    run_maintenance(catalog, "orphan_cleanup", job="anc", older_than="1d")
+    live = {_url(p) for p in _live_files(ancestor, ["chk-11"])}
+    gone = {u for u in pinned if u not in live}
+    assert gone and not any(Path(u[len("file://") :]).exists() for u in gone)
+    assert verify(catalog, "anc").ok
+
+
+def test_a_directory_inside_another_jobs_directory_is_refused_before_anything_is_written(
+    catalog: Catalog, flink_fixtures: FlinkFixtures, flink_root: Path
+) -> None:
+    ancestor = _rocks_job_at(flink_fixtures, flink_root)
     import_flink(catalog, [str(ancestor)], "anc")
     jobs = [(j.name, j.id) for j in catalog.list_jobs()]
-    with pytest.raises(FlinkImportError, match="already belong to job 'anc'"):
-        import_flink(catalog, [str(child)], "child")
+    # its chk-11 read as a savepoint directory of another job: that job would own (and could
+    # delete) files of anc's own checkpoint
+    with pytest.raises(FlinkImportError, match="already belong to job 'anc'.*in its own"):
+        import_flink(catalog, [str(ancestor / "chk-11")], "other")
     assert [(j.name, j.id) for j in catalog.list_jobs()] == jobs
-    assert catalog.directory_owner(_url(child)) is None
+    assert catalog.directory_owner(_url(ancestor / "chk-11")) is None
 
 
 def test_a_savepoint_argument_two_readings_give_different_savepoints_is_refused(

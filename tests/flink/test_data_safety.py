@@ -255,6 +255,20 @@ def test_a_new_rocksdb_checkpoint_where_an_expired_one_was_reuses_the_shared_fil
     assert all(p.exists() for p in live) and verify(catalog, "r").ok
 
 
+def _expire_killed_before_deleting(
+    catalog: Catalog, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``expire --retain-last 1`` of ``job`` killed between discarding and deleting."""
+
+    def killed(kind: str, job: str) -> None:
+        raise RuntimeError("killed between discarding and deleting")
+
+    monkeypatch.setattr(deletion.hooks, "before_forget", killed)
+    with pytest.raises(MaintenanceJobFailed, match="killed"):
+        run_maintenance(catalog, "expire", job=job, retain_last=1)
+    monkeypatch.setattr(deletion.hooks, "before_forget", None)
+
+
 def test_a_new_checkpoint_where_an_unfinished_expire_left_files_waits_for_that_expire(
     catalog: Catalog,
     flink_fixtures: FlinkFixtures,
@@ -263,14 +277,7 @@ def test_a_new_checkpoint_where_an_unfinished_expire_left_files_waits_for_that_e
 ) -> None:
     job_dir = flink_copy(flink_fixtures.java_job("hashmap"))
     import_flink(catalog, [str(job_dir)], "hm")
-
-    def killed(kind: str, job: str) -> None:
-        raise RuntimeError("killed between discarding and deleting")
-
-    monkeypatch.setattr(deletion.hooks, "before_forget", killed)
-    with pytest.raises(MaintenanceJobFailed, match="killed"):
-        run_maintenance(catalog, "expire", job="hm", retain_last=1)
-    monkeypatch.setattr(deletion.hooks, "before_forget", None)
+    _expire_killed_before_deleting(catalog, "hm", monkeypatch)
     # a new chk-8 written over the old one before the expire ran again
     shutil.rmtree(job_dir / "chk-8")
     shutil.copytree(flink_fixtures.java_job("hashmap") / "chk-8", job_dir / "chk-8")
@@ -295,14 +302,7 @@ def test_an_interrupted_expire_leaves_a_metadata_the_next_run_deletes(
 ) -> None:
     job_dir = flink_copy(flink_fixtures.java_job("hashmap"))
     import_flink(catalog, [str(job_dir)], "hm")
-
-    def killed(kind: str, job: str) -> None:
-        raise RuntimeError("killed between discarding and deleting")
-
-    monkeypatch.setattr(deletion.hooks, "before_forget", killed)
-    with pytest.raises(MaintenanceJobFailed, match="killed"):
-        run_maintenance(catalog, "expire", job="hm", retain_last=1)
-    monkeypatch.setattr(deletion.hooks, "before_forget", None)
+    _expire_killed_before_deleting(catalog, "hm", monkeypatch)
     assert (job_dir / "chk-8" / "_metadata").exists()  # the very file discarded: pins nothing
     out = run_maintenance(catalog, "orphan_cleanup", job="hm", older_than="0s")
     assert _url(job_dir / "chk-8" / "_metadata") in out["deleted"]["items"]

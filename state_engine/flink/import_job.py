@@ -683,10 +683,12 @@ def _files_to_adopt(
     own = {r.path for item in todo for r in item.refs if not r.foreign}
     owners = catalog.path_owners(own) if own else {}
     others = {p: o for p, o in owners.items() if o != job}
+    if not others:
+        return []
     flink_jobs = {j.name for j in catalog.list_jobs() if j.origin == "flink"}
     claimed = {o: [d for d, _ in catalog.job_directories(o)] for o in set(others.values())}
     # adopted only from a Flink job that holds the file outside its own directories
-    held = sorted(p for p, o in others.items() if o not in flink_jobs or _in_any(p, claimed[o]))
+    held = sorted(p for p, o in others.items() if o not in flink_jobs or under_any(p, claimed[o]))
     if held:
         other = others[held[0]]
         raise FlinkImportError(
@@ -698,8 +700,9 @@ def _files_to_adopt(
     return sorted(others)
 
 
-def _in_any(path: str, directories: list[str]) -> bool:
-    return any(path.startswith(d.rstrip("/") + "/") for d in directories)
+def under_any(url: str, directories: list[str]) -> bool:
+    """Whether ``url`` is inside one of ``directories`` (by path, never the directory itself)."""
+    return any(url.startswith(d.rstrip("/") + "/") for d in directories)
 
 
 def _write_snapshot(catalog: Catalog, job: str, item: _ToImport, report: ImportReport) -> None:

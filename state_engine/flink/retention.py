@@ -74,6 +74,7 @@ from state_engine.flink.import_job import (
     CHK_DIR,
     ROLE_CHECKPOINTS,
     file_refs,
+    under_any,
 )
 from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
 from state_engine.jobs.deletion import (
@@ -116,10 +117,6 @@ def _deleted(items: list[str]) -> dict[str, Any]:
 def checkpoint_dirs(catalog: Catalog, job: str) -> list[str]:
     """URLs of the job's imported checkpoint directories (``<checkpoint-dir>/<job-id>``)."""
     return [p for p, role in catalog.job_directories(job) if role == ROLE_CHECKPOINTS]
-
-
-def _under(url: str, roots: list[str]) -> bool:
-    return any(url.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def discarded_metadata(catalog: Catalog, job: str) -> dict[str, set[Stamp]]:
@@ -361,11 +358,11 @@ def _expire_plan(
                 candidates.setdefault(url, size)
     plan.forget_only = sorted(u for u in candidates if u in on_disk_live and u not in catalog_live)
     candidates = {u: n for u, n in candidates.items() if u not in live}
-    plan.dead_dirs = sorted(d for d in expiring | set(discarded) if _under(d, dirs))
-    linked = links_to_keep([u for u in candidates if _under(u, dirs)], live, dirs)
+    plan.dead_dirs = sorted(d for d in expiring | set(discarded) if under_any(d, dirs))
+    linked = links_to_keep([u for u in candidates if under_any(u, dirs)], live, dirs)
     plan.links_kept = sorted(linked)
     for url, size in sorted(candidates.items()):
-        if not _under(url, dirs):
+        if not under_any(url, dirs):
             plan.foreign.append(url)
         elif url not in linked:
             plan.files[url] = size
@@ -512,7 +509,7 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 referenced.update(_refs_of(store, path, root, files))
     plan.listed = len(listed)
     plan.referenced = len(referenced)
-    plan.foreign = sorted(u for u in referenced if not _under(u, own))
+    plan.foreign = sorted(u for u in referenced if not under_any(u, own))
     limit = cutoff.timestamp()
     orphans = []
     for url, (_size, mtime) in listed.items():

@@ -40,8 +40,11 @@ class Spool:
         self.target = target
         self.root = tempfile.mkdtemp(prefix="statekeeper-spool-")
         name = posixpath.basename(target.path.rstrip("/")) or "snapshot"
+        # a scratch copy: the upload is what must last, so nothing here is flushed to the disk
         self.snapshot = SnapshotDir.from_url(
-            (Path(self.root) / "job" / name).as_uri(), allow_shared=target.allow_shared
+            (Path(self.root) / "job" / name).as_uri(),
+            allow_shared=target.allow_shared,
+            durable=False,
         )
 
     def upload(self, files: Iterable[SnapshotFile], check: Callable[[], None]) -> None:

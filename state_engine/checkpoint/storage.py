@@ -549,7 +549,15 @@ class SnapshotFileWriter:
     It is file-like enough for ``pyarrow.parquet.ParquetWriter``.
     """
 
-    def __init__(self, fs: AbstractFileSystem, abs_path: str, relative_path: str, where: str):
+    def __init__(
+        self,
+        fs: AbstractFileSystem,
+        abs_path: str,
+        relative_path: str,
+        where: str,
+        *,
+        durable: bool = True,
+    ):
         self._fs = fs
         self._abs = abs_path
         self._relative = relative_path
@@ -557,7 +565,9 @@ class SnapshotFileWriter:
         self._crc = 0
         self._size = 0
         self._info: FileInfo | None = None
-        self._file = _open_exclusive(fs, abs_path, where)
+        # on a local disk, close() returns once the bytes and the file's name are on the disk
+        self._sync = durable and isinstance(fs, LocalFileSystem)
+        self._file = _open_exclusive(fs, abs_path, where, durable=self._sync)
 
     @property
     def path(self) -> str:
@@ -580,7 +590,7 @@ class SnapshotFileWriter:
         return self._size
 
     def flush(self) -> None:
-        pass  # the fsspec file buffers; the data is durable only after close()
+        pass  # the fsspec file buffers; the data is on the disk only after close()
 
     def writable(self) -> bool:
         return True
@@ -599,11 +609,16 @@ class SnapshotFileWriter:
                     "again under a new name"
                 )
             try:
+                if self._sync:
+                    self._file.flush()
+                    os.fsync(self._file.fileno())
                 self._file.close()
             except FileExistsError as exc:  # an object store refused the conditional PUT
                 if isinstance(exc, SnapshotFileExists):
                     raise
                 raise _exists(self._fs, self._abs, self._where) from exc
+            if self._sync:
+                fsync_path(posixpath.dirname(self._abs))
             self._info = FileInfo(self._relative, self._size, format_checksum(self._crc))
         return self._info
 
@@ -692,10 +707,42 @@ class ReadStats:
     row_groups_read: int = 0
 
 
-def _open_exclusive(fs: AbstractFileSystem, abs_path: str, where: str) -> Any:
+def fsync_path(path: str) -> None:
+    """Flush a local file, or a directory's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_durable_dirs(path: str) -> None:
+    """``os.makedirs(path)`` whose new directories survive a power loss: each new directory's
+    entry in its parent is flushed (a fresh ``chk-N`` would otherwise vanish with its files)."""
+    created = []
+    at = path
+    while not os.path.isdir(at):
+        created.append(at)
+        parent = os.path.dirname(at)
+        if parent == at:
+            break
+        at = parent
+    if not created:
+        return
+    os.makedirs(path, exist_ok=True)
+    for new in reversed(created):
+        fsync_path(os.path.dirname(new))
+
+
+def _open_exclusive(
+    fs: AbstractFileSystem, abs_path: str, where: str, *, durable: bool = False
+) -> Any:
     parent = posixpath.dirname(abs_path)
     if parent:
-        fs.makedirs(parent, exist_ok=True)
+        if durable:
+            _make_durable_dirs(parent)
+        else:
+            fs.makedirs(parent, exist_ok=True)
     try:
         try:
             return fs.open(abs_path, "xb")
@@ -722,19 +769,31 @@ class SnapshotDir:
     """One snapshot directory on a filesystem: resolve, write, read and commit its files."""
 
     def __init__(
-        self, fs: AbstractFileSystem | FileStore, path: str, *, allow_shared: bool = True
+        self,
+        fs: AbstractFileSystem | FileStore,
+        path: str,
+        *,
+        allow_shared: bool = True,
+        durable: bool = True,
     ) -> None:
         self.store = fs if isinstance(fs, FileStore) else FileStore(fs)
         self.fs = self.store.filesystem
         self.path = path.rstrip("/") or "/"
         self.allow_shared = allow_shared
+        #: on a local disk, each file is flushed to the disk when closed (False: scratch copies)
+        self.durable = durable
 
     @classmethod
     def from_url(
-        cls, url: str, storage_options: dict[str, Any] | None = None, *, allow_shared: bool = True
+        cls,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        allow_shared: bool = True,
+        durable: bool = True,
     ) -> SnapshotDir:
         fs, path = resolve_storage(url, storage_options)
-        return cls(fs, path, allow_shared=allow_shared)
+        return cls(fs, path, allow_shared=allow_shared, durable=durable)
 
     @classmethod
     def on(cls, fs: FileSystem, location: str) -> SnapshotDir:
@@ -746,7 +805,7 @@ class SnapshotDir:
         """This directory read as a savepoint: no ``../shared/`` paths."""
         if not self.allow_shared:
             return self
-        return SnapshotDir(self.store, self.path, allow_shared=False)
+        return SnapshotDir(self.store, self.path, allow_shared=False, durable=self.durable)
 
     @property
     def url(self) -> str:
@@ -792,7 +851,7 @@ class SnapshotDir:
                 f"file name {rel!r} in snapshot {self.url} is reserved for the snapshot's "
                 "_metadata; commit metadata with write_metadata()"
             )
-        return SnapshotFileWriter(self.fs, self.resolve(rel), rel, self.url)
+        return SnapshotFileWriter(self.fs, self.resolve(rel), rel, self.url, durable=self.durable)
 
     def write_file(
         self, relative_path: str, data: bytes | Callable[[SnapshotFileWriter], object]
@@ -876,19 +935,23 @@ class SnapshotDir:
             except FileExistsError as exc:
                 raise exists_error from exc
             return
+        local = isinstance(self.fs, LocalFileSystem)
         temp = posixpath.join(self.path, f"{METADATA_FILE}.inprogress-{uuid.uuid4().hex}")
-        with _open_exclusive(self.fs, temp, self.url) as f:
+        with _open_exclusive(self.fs, temp, self.url, durable=local) as f:
             f.write(data)
-            if isinstance(self.fs, LocalFileSystem):
+            if local:
                 f.flush()
                 os.fsync(f.fileno())
         try:
-            if isinstance(self.fs, LocalFileSystem):
-                # link() is the atomic rename that refuses to replace an existing file
+            if local:
+                # link() is the atomic rename that refuses to replace an existing file; the
+                # directory's flush makes the new name last (every data file was flushed on
+                # close, before this: a _metadata on the disk never names a lost file)
                 try:
                     os.link(temp, final)
                 except FileExistsError as exc:
                     raise exists_error from exc
+                fsync_path(self.path)
             else:
                 if self.fs.exists(final):
                     raise exists_error

@@ -6,7 +6,7 @@ UV     := $(VENV)/bin/uv
 UV_VERSION := 0.13.8
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean browser airflow bytecode
+.PHONY: install demo test lint bench clean browser flink airflow bytecode
 
 install: $(STAMP)
 
@@ -33,8 +33,23 @@ demo: install bytecode
 	$(PY) -m state_engine.demo
 
 # Lint first: ruff and mypy must be clean before the suite runs (CI runs `make test`).
-test: install lint browser bytecode
-	$(PY) -m pytest
+test: install lint browser flink bytecode
+	STATEKEEPER_FLINK_HOME="$$(echo $(CURDIR)/$(FLINK_VENV)/lib/python*/site-packages/pyflink)" \
+		$(PY) -m pytest
+
+# A real Apache Flink for the tests that start a cluster (tests/fixtures/flink_cluster.py): the
+# apache-flink package in a venv of its own, as it pins pyarrow and protobuf versions the
+# project's own exclude. If it cannot be installed this says so, and those tests skip (under
+# CI=true they fail instead).
+FLINK_VENV    := .venv-flink
+FLINK_VERSION := 2.3.0
+flink: $(FLINK_VENV)/.installed-$(FLINK_VERSION)
+
+$(FLINK_VENV)/.installed-$(FLINK_VERSION): | $(STAMP)
+	@{ $(UV) venv --quiet --allow-existing --python $(PYTHON) $(FLINK_VENV) \
+		&& $(UV) pip install --quiet --python $(FLINK_VENV)/bin/python "apache-flink==$(FLINK_VERSION)" \
+		&& touch $@; } \
+		|| echo "warning: could not install apache-flink $(FLINK_VERSION) into $(FLINK_VENV); the real-Flink tests will skip (fail under CI=true)"
 
 # The browser test (tests/airflow/test_plugin_browser.py) drives Debian's headless Chromium. As
 # root with apt-get, a missing chromium is installed; otherwise this only says how, and the test
@@ -98,4 +113,4 @@ bench: install
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
-	rm -rf $(VENV) .statekeeper .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) $(FLINK_VENV) .statekeeper .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -1,13 +1,17 @@
-"""Session-wide fixtures: one SparkSession per test session; the catalog fixtures every folder
-shares come from the plugin ``tests/fixtures/catalog.py``."""
+"""Session-wide fixtures: one SparkSession and at most one real Flink cluster per test session;
+the catalog fixtures every folder shares come from the plugin ``tests/fixtures/catalog.py``."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.fixtures.flink_cluster import FlinkCluster
 
 pytest_plugins = ["tests.fixtures.catalog"]
 
@@ -29,3 +33,12 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def flink_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlinkCluster]:
+    """A real Flink 2.3 cluster (see ``tests/fixtures/flink_cluster.py``), started on first use."""
+    from tests.fixtures.flink_cluster import flink_cluster_at
+
+    with flink_cluster_at(tmp_path_factory.mktemp("flink-cluster")) as cluster:
+        yield cluster

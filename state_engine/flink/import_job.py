@@ -63,6 +63,8 @@ from state_engine.flink.metadata import (
     METADATA_FILE_NAME,
     ROLE_SHARED,
     SAVEPOINT_KEY_GROUPS,
+    SEGMENT,
+    FileReference,
     FlinkSnapshotMetadata,
     KeyedStateHandle,
     metadata_from_bytes,
@@ -240,7 +242,10 @@ def operator_key(uid: str, operator_id: str) -> str:
 
 
 def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
-    """Catalog file references of one snapshot: ``_metadata`` and every on-disk handle."""
+    """Catalog file references of one snapshot: ``_metadata`` and every on-disk file.
+
+    A file is a physical file: the segments (file merging) of one are one reference, see
+    :func:`_merged_file_ref`."""
     to_url = store.url_of
     refs = [
         FileRef(
@@ -251,11 +256,15 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     ]
     add = refs.append  # the loop runs once per handle: tens of thousands
     operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
+    segments: dict[str, list[FileReference]] = {}
     for r in meta.references():
         h = r.handle
         location = h.location
         if location is None:
             continue  # inline and empty handles: no file
+        if h.type == SEGMENT:
+            segments.setdefault(location, []).append(r)
+            continue
         role = r.role
         details: dict[str, Any] = {"role": role, "kind": h.kind, "flink_path": h.name}
         if r.local_path:
@@ -284,7 +293,54 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
                 details=details,
             )
         )
+    for location, parts in segments.items():
+        add(_merged_file_ref(store, to_url(location), parts, operators))
     return refs
+
+
+def _merged_file_ref(
+    store: FileStore, url: str, parts: list[FileReference], operators: dict[str, str]
+) -> FileRef:
+    """The reference to a physical file of Flink's file merging (FLIP-306), which holds
+    segments of several subtasks, roles and checkpoints (an SST a later checkpoint reuses, a
+    private file, operator state): one file, shared (other checkpoints may read it), whose size
+    is the file's own (bytes the segments no longer use stay until Flink drops the whole file).
+    ``details["segments"]`` lists ``[role, start, length]`` of the snapshot's segments."""
+    first = parts[0].handle
+    roles = {r.role for r in parts}
+    ops = {operators.get(r.operator_id, r.operator_id) for r in parts}
+    subtasks = {r.subtask for r in parts}
+    ranges = [r.key_groups for r in parts if r.key_groups is not None]
+    one_subtask = len(ops) == 1 and len(subtasks) == 1 and next(iter(subtasks)) >= 0
+    kg_start = kg_end = None
+    if one_subtask and ranges and all(g.start <= g.end for g in ranges):
+        kg_start, kg_end = min(g.start for g in ranges), max(g.end for g in ranges)
+    try:
+        size = store.size(store.path_of(url))
+    except FileNotFoundError:
+        # gone (the import reports the snapshot as missing files): what the segments reach
+        size = max(r.handle.start_pos + r.handle.size for r in parts)
+    foreign = first.kind == KIND_FOREIGN
+    details: dict[str, Any] = {
+        "role": roles.pop() if len(roles) == 1 else "merged",
+        "kind": first.kind,
+        "flink_path": first.name,
+        "handle": SEGMENT,
+        "segments": sorted([r.role, r.handle.start_pos, r.handle.size] for r in parts),
+    }
+    if first.relocated:
+        details["relocated"] = True
+    return FileRef(
+        path=url,
+        size=size,
+        shared=True,
+        foreign=foreign,
+        operator=ops.pop() if len(ops) == 1 else None,
+        subtask=next(iter(subtasks)) if one_subtask else None,
+        key_group_start=kg_start,
+        key_group_end=kg_end,
+        details=details,
+    )
 
 
 def metadata_problems(

@@ -9,7 +9,8 @@ canonical or native.
 
 Paths (FLINK_FORMAT.md §3): relative handles resolve against the snapshot's own directory;
 absolute handles are normalised (``.``, ``//``) and, when their
-``<job-id>/{shared,taskowned,chk-N}/<name>`` tail exists under the job directory, re-rooted there
+``<job-id>/{shared,taskowned,chk-N}/[<dir>/]<name>`` tail exists under the job directory (file
+merging's physical files are one directory deeper), re-rooted there
 and flagged ``relocated`` -- even when the path as written exists too: it is then another spelling
 of the job directory (a link, a mount) or the original of a copy, and the job's own file is the one
 its expire and orphan cleanup must see as referenced. Inline handles (``ByteStreamStateHandle``)
@@ -75,7 +76,10 @@ KIND_TASKOWNED = "taskowned"  # <job>/taskowned
 KIND_FOREIGN = "foreign"  # anywhere else (another checkpoint, a NO_CLAIM ancestor's directory)
 
 _CHK_DIR = re.compile(r"^chk-(\d+)$")
-_RELOCATABLE_TAIL = re.compile(r"/([^/]+)/(shared|taskowned|chk-\d+)/([^/]+)$")
+#: ``<job-id>/{shared,taskowned,chk-N}/[<dir>/]<name>``: file merging (FLIP-306) keeps its
+#: physical files one directory deeper (``shared/job_<id>_op_<op>_<i>_<p>/``,
+#: ``taskowned/job_<id>_tm_<tm>/``)
+_RELOCATABLE_TAIL = re.compile(r"/([^/]+)/(shared|taskowned|chk-\d+)/((?:[^/]+/)?[^/]+)$")
 
 
 @dataclass(frozen=True)

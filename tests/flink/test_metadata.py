@@ -375,6 +375,18 @@ def test_absolute_handles_are_relocated_into_the_job_even_when_they_exist_as_wri
     assert (h.location, h.exists, h.kind) == (None, None, md.KIND_INLINE)
 
 
+def test_file_merging_physical_files_one_directory_deeper_are_relocated_too() -> None:
+    """FLIP-306 keeps physical files in ``shared/job_<id>_op_<op>_<i>_<p>/`` and
+    ``taskowned/job_<id>_tm_<tm>/``: a moved job directory re-roots them like any shared file."""
+    for part, kind in (("shared", md.KIND_SHARED), ("taskowned", md.KIND_TASKOWNED)):
+        moved = f"/r/job/{part}/job_j_sub/uuid"
+        h = _resolved(f"file:/old/place/job/{part}/job_j_sub/uuid", existing={moved})
+        assert (h.location, h.exists, h.relocated, h.kind) == (moved, True, True, kind)
+    # two levels deeper than that is no layout Flink writes: left where it is
+    h = _resolved("/old/job/shared/a/b/uuid", existing={"/r/job/shared/a/b/uuid"})
+    assert (h.relocated, h.kind) == (False, md.KIND_FOREIGN)
+
+
 def test_references_and_local_files_are_frozen_value_records(
     small_metadata: tuple[bytes, str],
 ) -> None:

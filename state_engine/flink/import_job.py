@@ -60,7 +60,9 @@ from state_engine.flink.metadata import (
     INLINE,
     KEY_GROUPS,
     KIND_FOREIGN,
+    KIND_TASKOWNED,
     METADATA_FILE_NAME,
+    ROLE_CHANGELOG,
     ROLE_SHARED,
     SAVEPOINT_KEY_GROUPS,
     SEGMENT,
@@ -244,8 +246,8 @@ def operator_key(uid: str, operator_id: str) -> str:
 def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     """Catalog file references of one snapshot: ``_metadata`` and every on-disk file.
 
-    A file is a physical file: the segments (file merging) of one are one reference, see
-    :func:`_merged_file_ref`."""
+    A file is a physical file: the ranges of one (file merging, a changelog) are one reference, see
+    :func:`_physical_file_ref`."""
     to_url = store.url_of
     refs = [
         FileRef(
@@ -256,14 +258,15 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     ]
     add = refs.append  # the loop runs once per handle: tens of thousands
     operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
-    segments: dict[str, list[FileReference]] = {}
+    # files whose handles give no file size: file merging's segments, a changelog's files
+    physical: dict[str, list[FileReference]] = {}
     for r in meta.references():
         h = r.handle
         location = h.location
         if location is None:
             continue  # inline and empty handles: no file
-        if h.type == SEGMENT:
-            segments.setdefault(location, []).append(r)
+        if h.type == SEGMENT or r.role == ROLE_CHANGELOG:
+            physical.setdefault(location, []).append(r)
             continue
         role = r.role
         details: dict[str, Any] = {"role": role, "kind": h.kind, "flink_path": h.name}
@@ -284,7 +287,9 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
             FileRef(
                 path=to_url(location),
                 size=h.size,
-                shared=role == ROLE_SHARED or foreign,
+                # shared state, and anything the task managers own: a changelog backend's
+                # materialized state in taskowned/ serves every checkpoint until the next one
+                shared=role == ROLE_SHARED or foreign or h.kind == KIND_TASKOWNED,
                 foreign=foreign,
                 operator=operators.get(r.operator_id, r.operator_id),
                 subtask=r.subtask if r.subtask >= 0 else None,
@@ -293,19 +298,21 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
                 details=details,
             )
         )
-    for location, parts in segments.items():
-        add(_merged_file_ref(store, to_url(location), parts, operators))
+    for location, parts in physical.items():
+        add(_physical_file_ref(store, to_url(location), parts, operators))
     return refs
 
 
-def _merged_file_ref(
+def _physical_file_ref(
     store: FileStore, url: str, parts: list[FileReference], operators: dict[str, str]
 ) -> FileRef:
-    """The reference to a physical file of Flink's file merging (FLIP-306), which holds
-    segments of several subtasks, roles and checkpoints (an SST a later checkpoint reuses, a
-    private file, operator state): one file, shared (other checkpoints may read it), whose size
-    is the file's own (bytes the segments no longer use stay until Flink drops the whole file).
-    ``details["segments"]`` lists ``[role, start, length]`` of the snapshot's segments."""
+    """The reference to a file whose handles give ranges of it, not its size, and that other
+    checkpoints share: a physical file of Flink's file merging (FLIP-306), holding segments of
+    several subtasks, roles and checkpoints (an SST a later checkpoint reuses, a private file,
+    operator state), or a changelog backend's file of state changes (its handle's size leaves out
+    the file's header byte; later checkpoints read it from an offset). One shared reference whose
+    size is the file's own (bytes no segment uses any more stay until Flink drops the whole
+    file). ``details["segments"]`` lists ``[role, start, length]`` of the snapshot's ranges."""
     first = parts[0].handle
     roles = {r.role for r in parts}
     ops = {operators.get(r.operator_id, r.operator_id) for r in parts}
@@ -318,14 +325,14 @@ def _merged_file_ref(
     try:
         size = store.size(store.path_of(url))
     except FileNotFoundError:
-        # gone (the import reports the snapshot as missing files): what the segments reach
+        # gone (the import reports the snapshot as missing files): what the ranges reach
         size = max(r.handle.start_pos + r.handle.size for r in parts)
     foreign = first.kind == KIND_FOREIGN
     details: dict[str, Any] = {
         "role": roles.pop() if len(roles) == 1 else "merged",
         "kind": first.kind,
         "flink_path": first.name,
-        "handle": SEGMENT,
+        "handle": first.type,
         "segments": sorted([r.role, r.handle.start_pos, r.handle.size] for r in parts),
     }
     if first.relocated:

@@ -1,0 +1,191 @@
+"""Checkpoints a real Flink 2.3 writes in layouts the fixtures do not have.
+
+A real cluster (``tests/fixtures/flink_cluster.py``) runs the same SQL job, 100 counters keyed by
+``id % 100``, twice at once, then both are cancelled:
+
+* with file merging (FLIP-306, ``execution.checkpointing.file-merging.enabled``), RocksDB
+  incremental: each SST, private RocksDB file and operator-state stream of a checkpoint is a
+  *segment* (start, length) of a physical file under ``shared/`` or ``taskowned/``, and one physical
+  file serves several checkpoints. Import, verify, the keyed state of every checkpoint (read
+  through RocksDB from the segments), expire and orphan cleanup must all treat a segment as a
+  range of a file that others share.
+* with the changelog state backend (``state.changelog.enabled``, materialized every 2 s): its
+  materialized state lives in ``taskowned/`` and serves every checkpoint until the next
+  materialization. Import and verify must take such files as shared; reading the state is a
+  clear refusal (it is not decoded).
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from state_engine.catalog import Catalog
+from state_engine.errors import FlinkStateError
+from state_engine.flink import metadata as md
+from state_engine.flink.import_job import import_flink
+from state_engine.flink.metadata import read_metadata
+from state_engine.flink.retention import run_maintenance
+from state_engine.flink.snapshot_state import snapshot_raw_rows, snapshot_rows
+from state_engine.verify import verify
+from tests.fixtures.flink_cluster import FlinkCluster
+
+pytestmark = pytest.mark.slow
+
+KEYS = 100
+JOB_SQL = [
+    "CREATE TABLE src (id BIGINT) WITH ('connector'='datagen', 'rows-per-second'='400', "
+    "'fields.id.kind'='sequence', 'fields.id.start'='1', 'fields.id.end'='1000000')",
+    "CREATE TABLE snk (k BIGINT, c BIGINT, s BIGINT) WITH ('connector'='blackhole')",
+    f"INSERT INTO snk SELECT id % {KEYS}, COUNT(*), SUM(id) FROM src GROUP BY id % {KEYS}",
+]
+CONFIGS = {
+    "file-merging": {
+        "state.backend.type": "rocksdb",
+        "execution.checkpointing.incremental": "true",
+        "execution.checkpointing.file-merging.enabled": "true",
+    },
+    "changelog": {
+        "state.backend.type": "rocksdb",
+        "execution.checkpointing.incremental": "true",
+        "state.changelog.enabled": "true",
+        "state.changelog.periodic-materialize.interval": "2s",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def flink_jobs(
+    flink_cluster: FlinkCluster, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """Per configuration the checkpoint directory of its cancelled job, 3 checkpoints retained
+    (the oldest taken once every key had its counter), moved away from where Flink wrote it so
+    every test takes a copy of its own (whose absolute paths are re-rooted on read)."""
+    ids = {name: flink_cluster.submit_sql(JOB_SQL, config) for name, config in CONFIGS.items()}
+    archive = tmp_path_factory.mktemp("flink-jobs")
+    for name, job_id in ids.items():
+        flink_cluster.wait_checkpoints(job_id, 8)
+        flink_cluster.cancel(job_id)
+        shutil.move(flink_cluster.checkpoints / job_id, archive / name / job_id)
+    return {name: archive / name / job_id for name, job_id in ids.items()}
+
+
+def _copy(flink_jobs: dict[str, Path], name: str, tmp_path: Path) -> Path:
+    copy = tmp_path / "checkpoints" / flink_jobs[name].name
+    shutil.copytree(flink_jobs[name], copy)
+    return copy
+
+
+@pytest.fixture
+def job_dir(flink_jobs: dict[str, Path], tmp_path: Path) -> Path:
+    return _copy(flink_jobs, "file-merging", tmp_path)
+
+
+def _counter_key(raw_key: str) -> int:
+    """The GROUP BY key of a RocksDB key: key-group byte, then the RowData key (its length,
+    then a BinaryRowData: an 8-byte header and the BIGINT in native, little-endian order)."""
+    key = base64.b64decode(raw_key)
+    (length,) = struct.unpack_from(">i", key, 1)
+    assert length == 16, key.hex()
+    (value,) = struct.unpack_from("<q", key, 5 + 8)
+    return int(value)
+
+
+def test_file_merged_checkpoints_import_verify_and_read(catalog: Catalog, job_dir: Path) -> None:
+    chk_dirs = sorted(job_dir.glob("chk-*/_metadata"))
+    assert len(chk_dirs) == 3, chk_dirs
+    metas = [read_metadata(str(p)) for p in chk_dirs]
+    segments = [r.handle for m in metas for r in m.file_references() if r.handle.type == md.SEGMENT]
+    assert segments, "file merging did not write any segment: the test covers nothing"
+    physical = {h.location for h in segments}
+    assert len(physical) < len(segments)  # several segments per physical file
+
+    assert all(h.relocated for h in segments)  # Flink's absolute paths, re-rooted here
+    report = import_flink(catalog, [str(job_dir)], "merged")
+    assert sorted(a["checkpoint_id"] for a in report.added) == sorted(
+        m.checkpoint_id for m in metas
+    )
+    result = verify(catalog, "merged")
+    assert [f for f in result.findings if f.level == "ERROR"] == [], result.render()
+
+    for meta in metas:
+        rows = list(snapshot_raw_rows(meta))
+        counters = [r for r in rows if r["state"] != "_timer_state"]
+        by_state: dict[str, list[int]] = {}
+        for r in counters:
+            by_state.setdefault(r["state"], []).append(_counter_key(r["key"]))
+        assert by_state, rows[:3]
+        for state, keys in by_state.items():
+            assert sorted(keys) == list(range(KEYS)), (meta.checkpoint_id, state)
+
+
+def test_expire_and_orphan_cleanup_keep_every_segment_a_retained_checkpoint_reads(
+    catalog: Catalog, job_dir: Path
+) -> None:
+    import_flink(catalog, [str(job_dir)], "merged")
+    by_id = {int(p.parent.name[4:]): read_metadata(str(p)) for p in job_dir.glob("chk-*/_metadata")}
+    newest = by_id.pop(max(by_id))
+    needed = set(newest.files())
+    only_older = {loc for m in by_id.values() for loc in m.files()} - needed
+
+    orphans = run_maintenance(catalog, "orphan_cleanup", job="merged", older_than="0s")
+    assert not {u.removeprefix("file://") for u in orphans["deleted"]["items"]} & needed
+    expired = run_maintenance(catalog, "expire", job="merged", retain_last=1)
+    gone = {u.removeprefix("file://") for u in expired["deleted"]["items"]}
+    # exactly the physical files only the expired checkpoints used, and their _metadata
+    assert {g for g in gone if not g.endswith("/_metadata")} == only_older
+    assert {g for g in gone if g.endswith("/_metadata")} == {
+        m.metadata_path for m in by_id.values()
+    }
+    assert all(Path(p).exists() for p in needed)
+
+    # what is left still reads: every key's counter, from the segments that stayed
+    rows = snapshot_raw_rows(read_metadata(str(job_dir / f"chk-{newest.checkpoint_id}")))
+    assert sorted(_counter_key(r["key"]) for r in rows if r["state"] == "accState") == list(
+        range(KEYS)
+    )
+    result = verify(catalog, "merged")
+    assert [f for f in result.findings if f.level == "ERROR"] == [], result.render()
+
+
+def test_changelog_checkpoints_share_their_materialized_state_and_import(
+    catalog: Catalog, flink_jobs: dict[str, Path], tmp_path: Path
+) -> None:
+    job_dir = _copy(flink_jobs, "changelog", tmp_path)
+    metas = [read_metadata(str(p)) for p in sorted(job_dir.glob("chk-*/_metadata"))]
+    assert len(metas) == 3
+    assert {h.type for m in metas for op in m.operators for st in op.subtasks
+            for h in st.keyed_handles} == {md.CHANGELOG}  # fmt: skip
+    owned = [set(m.files()) for m in metas]
+    # a materialization in taskowned/ that two checkpoints read
+    assert any(
+        loc.startswith(str(job_dir / "taskowned"))
+        for loc in owned[0] & owned[1] | owned[1] & owned[2]
+    ), owned
+
+    report = import_flink(catalog, [str(job_dir)], "changelog")
+    assert len(report.added) == 3 and not report.skipped
+    result = verify(catalog, "changelog")
+    assert [f for f in result.findings if f.level == "ERROR"] == [], result.render()
+    orphans = run_maintenance(catalog, "orphan_cleanup", job="changelog", older_than="0s")
+    used = owned[0] | owned[1] | owned[2]
+    assert not {u.removeprefix("file://") for u in orphans["deleted"]["items"]} & used
+    # the changelog's files live in the cluster's dstl directory, outside the job's: they
+    # are reported, never deleted
+    dstl = {
+        loc
+        for m in metas
+        for r in m.references()
+        if r.role == "changelog" and (loc := r.handle.location)
+    }
+    assert dstl and all("/changelog/" in loc for loc in dstl)
+    expired = run_maintenance(catalog, "expire", job="changelog", retain_last=1)
+    gone = {u.removeprefix("file://") for u in expired["deleted"]["items"]}
+    assert gone and not gone & (dstl | owned[-1])
+    assert all(Path(loc).exists() for loc in dstl)
+    with pytest.raises(FlinkStateError, match="changelog"):
+        list(snapshot_rows(metas[-1]))

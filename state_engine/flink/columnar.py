@@ -6,7 +6,13 @@ of one ``Entry`` per record (a key group's records in stream order; key groups i
 
 1. framing: the records of every key group are found together, one numpy step per record *depth*
    (all key groups advance at once: record i of every key group, then record i + 1, ...), through
-   big-endian int32/uint16 views at every byte offset;
+   big-endian int32/uint16 views at every byte offset; where every key group goes on with records
+   of its current key and value lengths (a state's fixed-width keys and values), many depths at
+   once: the positions predicted arithmetically (``start + i * stride``), the run's end probed
+   for, then every predicted record's lengths and key-group byte checked in one vectorized
+   comparison (a block); in a large stream the bytes ahead of each key group are read every few
+   steps in one sequential copy (prefetched), which the steps' scattered reads would each wait
+   for;
 2. per state, a decoder compiled from its serializer tuple reads every record of the state into
    a pyarrow Table (:data:`COLUMNS`: key group, key, namespace, user key, value, TTL timestamp),
    with no Python object per value: fixed widths (Long, Integer, Double, ...) through ``>i8``-
@@ -167,25 +173,20 @@ def canonical_columns(
 ) -> Iterator[Columns]:
     """Every keyed state of one canonical savepoint file, one :class:`Columns` per state."""
     header = read_proxy_header(data, where)
-    frames = None if header.compression else _frame(data, offsets)
+    frames = None if header.compression else _frame_records(data, offsets)
     if frames is None:
         entries = canonical_entries(data, offsets, max_parallelism, where)
         yield from _columns_of_entries(header, entries)
         return
-    pos, klen, vlen, sid, group = frames
+    pos, klen, vlen, sid, group, first = frames
     d = _Data(data)
-    # by state, each state's records in framing order: record i of every key group before
-    # record i + 1 (a stable radix sort of the 16-bit ids; a key group's records keep their
-    # stream order, which is all the rows' sort needs)
-    order = np.argsort(sid.astype(np.uint16), kind="stable")
-    sid_sorted = sid[order]
-    bounds = np.flatnonzero(np.diff(sid_sorted)) + 1
     decoder = StateDecoder(header, max_parallelism, where)
-    key_groups = _key_groups(d, decoder.prefix, pos)
+    key_groups = _key_groups(d, decoder.prefix, pos, first)
     in_their_sections = _prefixes_follow_groups(key_groups, group)
-    for idx in np.split(order, bounds):
-        if not idx.size:
-            continue
+    # by state (ascending ids), each state's records in framing order: record i of every key
+    # group before record i + 1 (a key group's records keep their stream order, which is all the
+    # rows' sort needs)
+    for idx in _by_state(sid):
         state = header.state(int(sid[idx[0]]), where)
         if state.is_timers:
             continue
@@ -200,50 +201,137 @@ def canonical_columns(
             yield _slow_state(data, decoder, state, p, kl, vl)
 
 
+def _by_state(sid: Ints) -> list[Ints]:
+    """The indexes of each state's records (ascending), the states by ascending id."""
+    if not sid.size:
+        return []
+    counts = np.bincount(sid)
+    ids = np.flatnonzero(counts)
+    if ids.size <= 8:  # a pass over the ids per state
+        return [np.flatnonzero(sid == i) for i in ids.tolist()]
+    # a stable radix sort of the 16-bit ids, cut where the id changes
+    order = np.argsort(sid.astype(np.uint16), kind="stable")
+    return np.split(order, np.cumsum(counts[ids])[:-1])
+
+
 def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints, Ints] | None:
     """Per record: position of its key length, key length, value length, state id, and the index
     in ``offsets`` of the key group it is in; None when the stream does not frame cleanly (the
-    record-by-record reader then names the problem)."""
+    record-by-record reader then names the problem). See :func:`_frame_records`."""
+    records = _frame_records(data, offsets)
+    return None if records is None else records[:5]
+
+
+def _frame_records(
+    data: bytes, offsets: list[int]
+) -> tuple[Ints, Ints, Ints, Ints, Ints, Bytes] | None:
+    """:func:`_frame`'s arrays, and each record's first key byte (its key group prefix's first,
+    with the last-of-its-state flag), which framing reads anyway.
+
+    The records come record depth by record depth: record i of every key group (in ``offsets``
+    order), then record i + 1, ... Each step reads one record of every key group still running;
+    a run of records with the same lengths in every key group (a state's fixed-width keys and
+    values; tried while at most ``_BLOCK_LANES`` key groups run) is taken as one block (see
+    :func:`_block`): positions predicted arithmetically, every one verified. A block holds only
+    records the steps would read the same way, and reads nothing past the data; the records,
+    and whether the stream frames at all (None), are the steps' alone."""
     n = len(data)
     starts = [o for o in offsets if o]
     groups = [i for i, o in enumerate(offsets) if o]
     if not starts or n < 8 or max(starts) > n - 2:
-        return None if starts else (_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
+        return None if starts else (_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY_BYTES)
     arr = np.frombuffer(data, dtype=np.uint8)
     i32 = np.ndarray((n - 3,), dtype=">i4", buffer=data, strides=(1,))
     # the same 4 bytes further on: i32_4[x] is i32[x + 4], flag4[x] is arr[x + 4]
     i32_4 = np.ndarray((n - 7,), dtype=">i4", buffer=data, offset=4, strides=(1,))
     flag4 = arr[4:]
     u16 = np.ndarray((n - 1,), dtype=">u2", buffer=data, strides=(1,))
+    # the same bytes as raw little-endian words, for blocks to compare
+    raw8 = np.ndarray((n - 7,), dtype="<u8", buffer=data, strides=(1,))
+    raw4 = np.ndarray((n - 7,), dtype="<i4", buffer=data, offset=4, strides=(1,))
     cur = np.array(starts, dtype=np.int64)
     sid = u16[cur].astype(np.int64)
     cur += 2
     group = np.array(groups, dtype=np.int64)
-    out_pos, out_kl, out_vl, out_sid, out_group = [], [], [], [], []
+    # Blocks and prefetching read ahead of the records framed so far: only from positions >= 0
+    # (a negative offset is read, as numpy wraps it, record by record).
+    ahead = min(starts) > 0
+    prefetch = _prefetch_rows(arr, n, cur.size) if ahead else None
+    out_pos: list[Any] = []
+    out_kl: list[Any] = []
+    out_vl: list[Any] = []
+    out_first: list[Any] = []
+    # (state ids, key groups, steps): the arrays of each stretch of steps between run ends
+    spans: list[tuple[Ints, Ints, int]] = []
+    span_start = checked = 0
+    limit = n // 9 + 1  # each record takes >= 9 bytes: a bound on the steps
+    # the steps at which to try a block next (and how long to wait after one more miss), to
+    # prefetch next, to check the lengths read since the last check next; the first of them
+    wait, next_check = 1, 64
+    next_block = 0 if ahead else limit
+    next_prefetch = 0 if prefetch is not None else limit
+    next_event = min(next_check, next_block, next_prefetch)
+    step = 0
     # Bounds: an index past the views' ends raises IndexError. Lengths >= 1 (key) and >= 0
     # (value) keep every position moving forward; a bad length could send one backwards (numpy
-    # wraps negative indexes): checked every 16 steps (which bounds the time a corrupt stream
-    # takes) and over all records at the end (which decides).
+    # wraps negative indexes): checked every 64 steps (which bounds the time a corrupt stream
+    # takes) and over all records at the end (which decides). A block is only tried from good
+    # lengths and reads inside the data only.
     try:
-        for step in range(n // 9 + 1):  # each record takes >= 9 bytes: a bound on the steps
+        while step < limit:
             kl = i32[cur]  # big-endian int32; arithmetic with ``cur`` gives int64
             after_key = cur + kl
             vl = i32_4[after_key]
             nxt = after_key + vl
             nxt += 8
+            flags = flag4[cur]
+            last = not flags.tobytes().isascii()  # some key group's run of a state ends here
+            if step >= next_event:
+                if step >= next_check:
+                    if not _lengths_ok(out_kl[checked:], out_vl[checked:]):
+                        return None
+                    checked, next_check = len(out_kl), step + 64
+                if not last and step >= next_block:
+                    # each next record's key length as this one's (the next step reads it: an
+                    # IndexError here is that step's), then the whole block checked
+                    rows = min(_BLOCK_ELEMENTS // cur.size, limit - step)
+                    taken = 0
+                    if cur.size <= _BLOCK_LANES and (i32[nxt] == kl).all():
+                        taken = _block(raw8, raw4, n, cur, after_key, nxt, rows)
+                    if taken:
+                        if not _lengths_ok(out_kl[checked:], out_vl[checked:]):
+                            return None
+                        depth = np.arange(taken, dtype=np.int64)[:, None]
+                        out_pos.append((cur + depth * (nxt - cur)).ravel())
+                        out_kl.append(np.tile(kl, taken))
+                        out_vl.append(np.tile(vl, taken))
+                        out_first.append(np.tile(flags, taken))
+                        checked = len(out_kl)  # a block's lengths are good
+                        step += taken
+                        cur = cur + taken * (nxt - cur)
+                        # a long block: try the next at once; a short one (as a miss, below): a
+                        # run ends in some key group every few records
+                        wait = 1 if taken >= 8 else min(2 * wait, 64)
+                        next_block = step if taken >= 8 else step + wait
+                        next_event = step
+                        continue
+                    wait = min(2 * wait, 64)  # no run here: try again later, less often
+                    next_block = step + wait
+                if step >= next_prefetch:
+                    next_prefetch = step + _prefetch(prefetch, cur, nxt)
+                next_event = min(next_check, next_prefetch, next_block)
             out_pos.append(cur)
             out_kl.append(kl)
             out_vl.append(vl)
-            out_sid.append(sid)
-            out_group.append(group)
-            if step & 15 == 15 and not _lengths_ok(out_kl[-16:], out_vl[-16:]):
-                return None
-            flags = flag4[cur]
-            if flags.max() >= 0x80:  # some key group's run of a state ends here
+            out_first.append(flags)
+            step += 1
+            if last:
                 at = np.flatnonzero(flags >= 0x80)
                 ends = nxt[at]
                 mark = u16[ends]  # the next state's id, or the key group's end
                 nxt[at] = ends + 2
+                spans.append((sid, group, step - span_start))
+                span_start = step
                 sid = sid.copy()
                 sid[at] = mark
                 done = mark == END_OF_KEY_GROUP_MARK
@@ -253,28 +341,125 @@ def _frame(data: bytes, offsets: list[int]) -> tuple[Ints, Ints, Ints, Ints, Int
                     nxt, sid, group = nxt[keep], sid[keep], group[keep]
                     if not nxt.size:
                         break
+                if ahead:  # a state's records begin: maybe a run of one length
+                    next_block = next_event = min(next_block, step)
             cur = nxt
         else:
             return None
     except IndexError:
         return None
-    if not _lengths_ok(out_kl, out_vl):
-        return None
     pos = np.concatenate(out_pos)
-    klen = np.concatenate(out_kl).astype(np.int64)
-    vlen = np.concatenate(out_vl).astype(np.int64)
+    klen = np.concatenate(out_kl)
+    vlen = np.concatenate(out_vl)
+    if not (klen.min() >= 1 and vlen.min() >= 0):
+        return None
+    klen = klen.astype(np.int64)
+    vlen = vlen.astype(np.int64)
     if (pos + 8 + klen + vlen > n).any():
         return None
-    return pos, klen, vlen, np.concatenate(out_sid), np.concatenate(out_group)
+    sids = np.concatenate([_repeat(s, k) for s, _g, k in spans if k])
+    key_groups = np.concatenate([_repeat(g, k) for _s, g, k in spans if k])
+    return pos, klen, vlen, sids, key_groups, np.concatenate(out_first)
 
 
-def _key_groups(d: _Data, prefix: int, pos: Ints) -> Any:
-    """The key group in each record's key prefix (without the last-record flag)."""
-    ks = pos + 4
-    first = d.arr[ks] & 0x7F
+def _repeat(values: Ints, times: int) -> Ints:
+    """``values`` ``times`` over, back to back."""
+    return values if times == 1 else np.tile(values, times)
+
+
+#: a block's most positions (rows x key groups); the most key groups stepped at once for which
+#: blocks are tried (with more, a step's cost per record is as low as a block's)
+_BLOCK_ELEMENTS = 1 << 18
+_BLOCK_LANES = 256
+#: the bytes a block compares at each position: the key length and the key's first byte (the
+#: key group prefix and its last-of-the-state flag), the low 5 bytes of a little-endian uint64
+_HEAD = (1 << 40) - 1
+
+
+def _block(raw8: Any, raw4: Any, n: int, cur: Ints, after_key: Ints, nxt: Ints, rows: int) -> int:
+    """How many records from ``cur`` on (at most ``rows``; 0: fewer than 2) every key group has
+    with the key and value lengths and the key's first byte (flag clear) of its first: at
+    ``cur + i * stride``, each ending where the next starts, they are the records framing reads
+    from ``cur`` one step at a time.
+
+    ``raw8``/``raw4``: little-endian uint64/int32 views at every byte offset (raw4 4 bytes on),
+    compared as raw bytes; the first records are not the last of their state. Where the run
+    ends is found by probing single rows (1, 3, 7, ..., then bisecting); the rows before it are
+    all checked, in chunks 4 times larger each (a check stops at the first chunk with a wrong
+    row: the work done is at most a few times the rows taken, whatever the probes found)."""
+    if rows < 2 or cur.min() < 0:
+        return 0
+    klen = after_key - cur
+    stride = nxt - cur
+    if klen.min() < 1 or (stride - klen).min() < 8:  # a key length < 1, a value length < 0
+        return 0
+    # every position read lies inside the data (the last row is each key group's furthest)
+    rows = min(rows, int(((n - 8 - after_key) // stride).min()) + 1)
+    if rows < 2:
+        return 0
+    head = raw8[cur] & _HEAD
+    value = raw4[after_key]
+
+    def same(at: Any, head: Any = head, value: Any = value, klen: Any = klen) -> Any:
+        return ((raw8[at] & _HEAD) == head) & (raw4[at + klen] == value)
+
+    good, bad = 1, rows  # rows < good look right; rows >= bad are out
+    while good < bad:  # rows 1, 3, 7, 15, ... until one is not right
+        probe = min(2 * good - 1, bad - 1)
+        if not same(cur + probe * stride).all():
+            bad = probe
+            break
+        good = probe + 1
+    while good < bad:  # bisected
+        mid = (good + bad) // 2
+        if same(cur + mid * stride).all():
+            good = mid + 1
+        else:
+            bad = mid
+    taken = 1
+    columns = (head[:, None], value[:, None], klen[:, None])
+    while taken < good:
+        upto = min(good, 4 * taken)
+        chunk = cur[:, None] + stride[:, None] * np.arange(taken, upto, dtype=np.int64)
+        ok = same(chunk, *columns).all(axis=0)
+        if not ok.all():
+            taken += int(np.argmin(ok))
+            break
+        taken = upto
+    return taken if taken >= 2 else 0
+
+
+def _prefetch_rows(arr: Bytes, n: int, lanes: int) -> Any:
+    """Rows of the data at every byte offset, for :func:`_prefetch` (None: not worth it: the
+    data fits the caches, or so many key groups are stepped that their reads overlap anyway)."""
+    width = min(2048, _PREFETCH_BYTES // lanes)
+    if n < _PREFETCH_MIN_DATA or width < 1024:
+        return None
+    return np.lib.stride_tricks.as_strided(arr, (n - width + 1, width), (1, 1))
+
+
+#: prefetching: data below this size stays in the caches; bytes read ahead in all
+_PREFETCH_MIN_DATA = 1 << 21
+_PREFETCH_BYTES = 1 << 18
+
+
+def _prefetch(rows: Any, cur: Ints, nxt: Ints) -> int:
+    """Reads the bytes ahead of each key group's position (one sequential copy each, which the
+    CPU prefetches, where the steps' scattered reads would each wait for memory); returns the
+    steps until the next prefetch (about the records one row covers)."""
+    width = int(rows.shape[1])
+    rows[np.minimum(cur, rows.shape[0] - 1)]
+    stride = int((nxt - cur).max())
+    return max(1, min(64, width // max(stride, 1)))
+
+
+def _key_groups(d: _Data, prefix: int, pos: Ints, first: Bytes) -> Any:
+    """The key group in each record's key prefix (without the last-record flag); ``first``:
+    each key's first byte."""
+    high = (first & 0x7F).astype(np.int32)
     if prefix == 1:
-        return first.astype(np.int32)
-    return (first.astype(np.int32) << 8) | d.arr[ks + 1]
+        return high
+    return (high << 8) | d.arr[pos + 5]
 
 
 def _prefixes_follow_groups(key_groups: Any, group: Ints) -> bool:
@@ -287,10 +472,13 @@ def _prefixes_follow_groups(key_groups: Any, group: Ints) -> bool:
 
 
 def _lengths_ok(key_lengths: list[Any], value_lengths: list[Any]) -> bool:
+    if not key_lengths:
+        return True
     return bool(np.concatenate(key_lengths).min() >= 1 and np.concatenate(value_lengths).min() >= 0)
 
 
 _EMPTY: Ints = np.zeros(0, dtype=np.int64)
+_EMPTY_BYTES: Bytes = np.zeros(0, dtype=np.uint8)
 
 
 # --- the vectorized decoder of one state ---
@@ -395,13 +583,21 @@ def _read(
 
 def _gather_bytes(d: _Data, starts: Ints, lengths: Ints) -> Bytes:
     """The bytes of the ranges ``[start, start + length)`` back to back."""
-    if lengths.size and (lengths == lengths[0]).all():  # one length (ids, codes): the rows of
-        width = int(lengths[0])  # a 2-D view with a row at every byte offset
+    if lengths.size and (lengths == lengths[0]).all():  # one length (ids, codes): the items of
+        width = int(lengths[0])  # a view of ``width``-byte items at every byte offset
         if width == 0:
             return np.zeros(0, dtype=np.uint8)
-        rows = np.lib.stride_tricks.as_strided(d.arr, (d.n - width + 1, width), (1, 1))
-        return rows[starts].ravel()
+        gathered: Bytes = _rows(d, width)[starts].view(np.uint8)
+        return gathered
     return d.arr[_gather(starts, lengths)]
+
+
+def _rows(d: _Data, width: int) -> Any:
+    """The data as ``width``-byte items (numpy void) at every byte offset: a gather of them
+    copies each item's bytes whole (a 2-D uint8 view's rows are copied byte by byte)."""
+    return np.ndarray(
+        (d.n - width + 1,), dtype=np.dtype((np.void, width)), buffer=d.arr, strides=(1,)
+    )
 
 
 def _gather(starts: Ints, lengths: Ints) -> Ints:
@@ -478,9 +674,10 @@ def _distinct_strings(d: _Data, start: Ints, end: Ints) -> pa.Array | None:
     width = int(size.max())
     if width > 64 or int(first.max()) + width > d.n:
         return None
-    rows = np.lib.stride_tricks.as_strided(d.arr, (d.n - width + 1, width), (1, 1))
-    padded = rows[first]
-    padded *= np.arange(width, dtype=np.uint8) < size.astype(np.uint8)[:, None]
+    padded = _rows(d, width)[first].view(np.uint8)
+    # zeroed past each row's size: ANDed with the row of 0xFF x size, 0 x (width - size)
+    masks = (np.arange(width) < np.arange(width + 1)[:, None]).astype(np.uint8) * np.uint8(0xFF)
+    padded &= masks.view(np.dtype((np.void, width))).ravel()[size].view(np.uint8)
     encoded = pa.Array.from_buffers(pa.binary(width), n, [None, pa.py_buffer(padded)])
     dictionary = pc.dictionary_encode(encoded)
     uniques = dictionary.dictionary.to_pylist()

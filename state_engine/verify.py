@@ -145,23 +145,30 @@ class _Storage:
         return store, store.path_of(url)
 
     def check(
-        self, url: str, size: int, checksum: str | None, deep: bool
+        self, url: str, size: int, checksum: str | None, deep: bool, *, at_least: bool = False
     ) -> tuple[str, str] | None:
-        """None if the file is as recorded, else (kind, what is wrong)."""
+        """None if the file is as recorded, else (kind, what is wrong). ``at_least``: a file
+        its writer may append to (a Flink physical file of ranges): ``size`` bytes or more."""
         key = (url, deep)
         if key not in self._checked:
-            self._checked[key] = self._check(url, size, checksum, deep)
+            self._checked[key] = self._check(url, size, checksum, deep, at_least)
         return self._checked[key]
 
     def _check(
-        self, url: str, size: int, checksum: str | None, deep: bool
+        self, url: str, size: int, checksum: str | None, deep: bool, at_least: bool
     ) -> tuple[str, str] | None:
         store, path = self.resolve(url)
         try:
             actual = store.size(path)
         except FileNotFoundError:
             return "missing", "is missing from storage"
-        if actual != size:
+        if at_least:
+            if actual < size:
+                return "size", (
+                    f"has {actual} bytes in storage, fewer than the {size} the catalog's "
+                    "snapshots read of it (truncated)"
+                )
+        elif actual != size:
             return "size", (
                 f"has {actual} bytes in storage, the catalog recorded {size} (truncated or "
                 "replaced)"
@@ -192,6 +199,12 @@ def _label(s: SnapshotRecord) -> str:
         else f"savepoint {s.checkpoint_id}"
     )
     return f"{name} (snapshot {s.id}, {s.status})"
+
+
+def _ranged(f: SnapshotFileRecord) -> bool:
+    """Whether the snapshot reads ranges of the file (Flink file merging, a changelog), which
+    its writer may have appended to since."""
+    return bool(f.details and f.details.get("segments"))
 
 
 def _by_path(files: Iterable[SnapshotFileRecord]) -> dict[str, SnapshotFileRecord]:
@@ -306,7 +319,9 @@ def verify_job(
         if snap.status is SnapshotStatus.PENDING:
             report.pending += 1
             missing = sum(
-                1 for f in files.values() if storage.check(f.path, f.size, None, False) is not None
+                1
+                for f in files.values()
+                if storage.check(f.path, f.size, None, False, at_least=_ranged(f)) is not None
             )
             remedy = (
                 "the next `statectl flink import` of its directory finishes it"
@@ -327,7 +342,7 @@ def verify_job(
         for f in files.values():
             report.files_checked += 1
             report.bytes_checked += f.size
-            problem = storage.check(f.path, f.size, f.checksum, deep)
+            problem = storage.check(f.path, f.size, f.checksum, deep, at_least=_ranged(f))
             if problem is not None:
                 kind, what = problem
                 report.add(

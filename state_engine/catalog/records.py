@@ -79,8 +79,11 @@ class FileRef:
     snapshot's file that this one references again instead of writing it, so the catalog must
     still know it. ``foreign``: a file outside the snapshot's job's own directories (a Flink
     job restored in NO_CLAIM or LEGACY mode references its ancestor's files); if another job
-    holds it, the snapshot references that job's file, which stays live while it does. ``operator``
-    is the operator uid (created on first use); the key-group range is inclusive.
+    holds it, the snapshot references that job's file, which stays live while it does. ``grows``:
+    a file its writer may still append to (Flink's file merging across checkpoints, a physical
+    file of many snapshots' ranges): ``size`` is what this snapshot needs of it, the catalog
+    keeps the largest any snapshot needed, and verify wants at least that much in storage.
+    ``operator`` is the operator uid (created on first use); the key-group range is inclusive.
     """
 
     path: str
@@ -94,6 +97,7 @@ class FileRef:
     details: dict[str, Any] | None = None
     reused: bool = False
     foreign: bool = False
+    grows: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -462,11 +462,13 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             _check_reused_known(refs, {row[0] for row in existing}, snap_id)
             path_ids: dict[str, int] = {}
             reused: list[int] = []
+            longer: list[tuple[int, int]] = []  # (file id, size) of files that grew
             for path, fid, file_job_id, size, checksum, created_by in existing:
-                _check_reuse(
-                    by_path[path], snap_id, job_id, fid, file_job_id, size, checksum, created_by
-                )
+                ref = by_path[path]
+                _check_reuse(ref, snap_id, job_id, fid, file_job_id, size, checksum, created_by)
                 path_ids[path] = fid
+                if ref.grows and ref.size > size:
+                    longer.append((fid, ref.size))
                 if created_by != snap_id:
                     reused.append(fid)
             if reused:
@@ -488,6 +490,8 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         f"live_refs = live_refs + 1 WHERE {where}",
                         (True, snap_id, ids),
                     )
+            for fid, size in longer:  # a growing file: what the snapshots need of it, at most
+                bulk.execute(f"UPDATE sk_files SET size = {m} WHERE id = {m}", (size, fid))
             new = [(path, ref) for path, ref in by_path.items() if path not in path_ids]
             new_ids = bulk.allocate_ids(File.__tablename__, len(new))
             stamp = bulk.bind(File.__table__.c.created_at, self.now())
@@ -1318,7 +1322,9 @@ def _check_reuse(
             "one job: write this snapshot's files under its own job's directory (a file of "
             "another job is referenced only as foreign)"
         )
-    if size != ref.size or (checksum and ref.checksum and checksum != ref.checksum):
+    if (size != ref.size and not ref.grows) or (
+        checksum and ref.checksum and checksum != ref.checksum
+    ):
         raise FileAlreadyRegistered(
             f"{ref.path} is already registered with size {size} and checksum {checksum}, not "
             f"{ref.size} / {ref.checksum}; file names are never reused: write it under a new name"

@@ -299,20 +299,21 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
             )
         )
     for location, parts in physical.items():
-        add(_physical_file_ref(store, to_url(location), parts, operators))
+        add(_physical_file_ref(to_url(location), parts, operators))
     return refs
 
 
-def _physical_file_ref(
-    store: FileStore, url: str, parts: list[FileReference], operators: dict[str, str]
-) -> FileRef:
+def _physical_file_ref(url: str, parts: list[FileReference], operators: dict[str, str]) -> FileRef:
     """The reference to a file whose handles give ranges of it, not its size, and that other
     checkpoints share: a physical file of Flink's file merging (FLIP-306), holding segments of
     several subtasks, roles and checkpoints (an SST a later checkpoint reuses, a private file,
-    operator state), or a changelog backend's file of state changes (its handle's size leaves out
-    the file's header byte; later checkpoints read it from an offset). One shared reference whose
-    size is the file's own (bytes no segment uses any more stay until Flink drops the whole
-    file). ``details["segments"]`` lists ``[role, start, length]`` of the snapshot's ranges."""
+    operator state) and, with ``file-merging.across-checkpoint-boundary``, appended to while
+    the job runs; or a changelog backend's file of state changes (its handle's size leaves out
+    the file's header byte; later checkpoints read it from an offset). One shared reference
+    whose size is what this snapshot needs of the file (``grows``: the catalog keeps the most
+    any snapshot needs, and verify wants at least that much in storage; bytes no segment uses any
+    more stay until Flink drops the whole file). ``details["segments"]`` lists ``[role, start,
+    length]`` of the snapshot's ranges."""
     first = parts[0].handle
     roles = {r.role for r in parts}
     ops = {operators.get(r.operator_id, r.operator_id) for r in parts}
@@ -322,12 +323,6 @@ def _physical_file_ref(
     kg_start = kg_end = None
     if one_subtask and ranges and all(g.start <= g.end for g in ranges):
         kg_start, kg_end = min(g.start for g in ranges), max(g.end for g in ranges)
-    try:
-        size = store.size(store.path_of(url))
-    except FileNotFoundError:
-        # gone (the import reports the snapshot as missing files): what the ranges reach
-        size = max(r.handle.start_pos + r.handle.size for r in parts)
-    foreign = first.kind == KIND_FOREIGN
     details: dict[str, Any] = {
         "role": roles.pop() if len(roles) == 1 else "merged",
         "kind": first.kind,
@@ -339,9 +334,10 @@ def _physical_file_ref(
         details["relocated"] = True
     return FileRef(
         path=url,
-        size=size,
+        size=max(r.handle.start_pos + r.handle.size for r in parts),
         shared=True,
-        foreign=foreign,
+        foreign=first.kind == KIND_FOREIGN,
+        grows=True,
         operator=ops.pop() if len(ops) == 1 else None,
         subtask=next(iter(subtasks)) if one_subtask else None,
         key_group_start=kg_start,
@@ -364,15 +360,21 @@ def metadata_problems(
         else None
     )
     meta = read_metadata(location, job_dir=job_dir)
-    expected: dict[str, int] = {}
+    expected: dict[str, FileRef] = {}
     for ref in file_refs(meta, store):
-        expected.setdefault(ref.path, ref.size)
+        expected.setdefault(ref.path, ref)
     problems = []
-    for path, size in sorted(expected.items()):
+    for path, ref in sorted(expected.items()):
         if path not in attached:
             problems.append(f"it lists {path}, which the catalog did not attach")
-        elif attached[path] != size:
-            problems.append(f"it records {path} as {size} bytes, the catalog as {attached[path]}")
+        elif ref.grows and attached[path] < ref.size:
+            problems.append(
+                f"it reads {ref.size} bytes of {path}, the catalog records {attached[path]}"
+            )
+        elif not ref.grows and attached[path] != ref.size:
+            problems.append(
+                f"it records {path} as {ref.size} bytes, the catalog as {attached[path]}"
+            )
     for path in sorted(set(attached) - set(expected)):
         problems.append(f"the catalog attached {path}, which it does not list")
     return problems

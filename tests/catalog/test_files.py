@@ -86,6 +86,28 @@ def test_a_reused_name_with_other_content_is_refused(catalog: Catalog) -> None:
         catalog.attach_files(second, [FileRef("/o/shared/x", 11, checksum="b", shared=True)])
 
 
+def test_a_growing_file_keeps_the_most_any_snapshot_reads_of_it(catalog: Catalog) -> None:
+    """Flink's file merging across checkpoints appends to a physical file after a snapshot
+    that reads part of it was recorded: a later snapshot may read further, never shrink it."""
+    merged = "/o/shared/job_x_op_y_0_2/physical"
+    sizes: list[int] = []
+    for n, reads in enumerate((100, 250, 180), start=1):
+        sid = (
+            catalog.begin_snapshot("orders", location=f"file:///{n}", parallelism=4).id
+            if sizes
+            else _snapshot(catalog)
+        )
+        catalog.attach_files(sid, [FileRef(merged, reads, shared=True, grows=True)])
+        catalog.complete_snapshot(sid, 0)
+        sizes.append(catalog.snapshot_files(sid)[0].size)
+    assert sizes == [100, 250, 250]
+    # a file that does not grow is one size, as ever
+    sid = catalog.begin_snapshot("orders", location="file:///4", parallelism=4).id
+    with pytest.raises(FileAlreadyRegistered, match="never reused"):
+        catalog.attach_files(sid, [FileRef(merged, 300, shared=True)])
+    assert catalog.snapshot_files(sid) == []
+
+
 def test_bad_file_references_are_refused(catalog: Catalog) -> None:
     sid = _snapshot(catalog)
     with pytest.raises(InvalidCatalogInput, match="key_group_end"):

@@ -9,6 +9,9 @@ A real cluster (``tests/fixtures/flink_cluster.py``) runs the same SQL job, 100 
   file serves several checkpoints. Import, verify, the keyed state of every checkpoint (read
   through RocksDB from the segments), expire and orphan cleanup must all treat a segment as a
   range of a file that others share.
+* with file merging across checkpoints (``file-merging.across-checkpoint-boundary``), synced
+  while the job runs: a physical file grows after a snapshot that reads it was imported, so the
+  catalog keeps the most any snapshot needs of it and verify wants at least that much.
 * with the changelog state backend (``state.changelog.enabled``, materialized every 2 s): its
   materialized state lives in ``taskowned/`` and serves every checkpoint until the next
   materialization. Import and verify must take such files as shared; reading the state is a
@@ -18,13 +21,14 @@ A real cluster (``tests/fixtures/flink_cluster.py``) runs the same SQL job, 100 
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import struct
 from pathlib import Path
 
 import pytest
 
-from state_engine.catalog import Catalog
+from state_engine.catalog import Catalog, SnapshotFileRecord
 from state_engine.errors import FlinkStateError
 from state_engine.flink import metadata as md
 from state_engine.flink.import_job import import_flink
@@ -122,6 +126,12 @@ def test_file_merged_checkpoints_import_verify_and_read(catalog: Catalog, job_di
         for state, keys in by_state.items():
             assert sorted(keys) == list(range(KEYS)), (meta.checkpoint_id, state)
 
+    # a physical file cut short of what a snapshot reads of it is an error
+    victim = next(loc for loc in physical if loc is not None)
+    os.truncate(victim, 1)
+    result = verify(catalog, "merged")
+    assert any(f.kind == "size" and victim in f.message for f in result.findings), result.render()
+
 
 def test_expire_and_orphan_cleanup_keep_every_segment_a_retained_checkpoint_reads(
     catalog: Catalog, job_dir: Path
@@ -189,3 +199,37 @@ def test_changelog_checkpoints_share_their_materialized_state_and_import(
     assert all(Path(loc).exists() for loc in dstl)
     with pytest.raises(FlinkStateError, match="changelog"):
         list(snapshot_rows(metas[-1]))
+
+
+ACROSS_CHECKPOINTS = {
+    **CONFIGS["file-merging"],
+    "execution.checkpointing.file-merging.across-checkpoint-boundary": "true",
+}
+
+
+def _extent(f: SnapshotFileRecord) -> int:
+    return max(start + length for _role, start, length in (f.details or {})["segments"])
+
+
+def test_a_running_jobs_growing_merged_files_sync_and_verify(
+    catalog: Catalog, flink_cluster: FlinkCluster
+) -> None:
+    job_id = flink_cluster.submit_sql(JOB_SQL, ACROSS_CHECKPOINTS)
+    job_dir = flink_cluster.checkpoints / job_id
+    flink_cluster.wait_checkpoints(job_id, 3)
+    for _ in range(3):  # the sync DAG's imports, while Flink appends to the files they read
+        report = import_flink(catalog, [str(job_dir)], "live")
+        assert report.added and not report.skipped
+        flink_cluster.wait_checkpoints(job_id, flink_cluster.completed_checkpoints(job_id) + 2)
+    flink_cluster.cancel(job_id)
+    import_flink(catalog, [str(job_dir)], "live")
+    result = verify(catalog, "live")
+    assert [f for f in result.findings if f.level == "ERROR"] == [], result.render()
+
+    # a file that grew: read further by a later snapshot than by an earlier one
+    extents: dict[str, set[int]] = {}
+    for snap in catalog.list_snapshots("live", status=["COMPLETED", "DISCARDED"]):
+        for f in catalog.snapshot_files(snap.id):
+            if (f.details or {}).get("segments"):
+                extents.setdefault(f.path, set()).add(_extent(f))
+    assert any(len(e) > 1 for e in extents.values()), "no merged file grew: nothing was covered"

@@ -18,13 +18,16 @@ a retention that selects every one is refused (RetentionRemovesEverything). Then
 the job no retained snapshot references any more (``live_refs`` = 0: the discarded checkpoints'
 ``_metadata``, exclusive files and RocksDB private files, and exactly the shared files no retained
 checkpoint or savepoint uses) is forgotten and deleted, and the emptied ``chk-N`` directories
-removed. Savepoints are expired only when named: by directory name, catalog snapshot id or Flink
-savepoint id; a name that means different snapshots under these readings is refused. An expired
-snapshot is discarded with the size and modification time of its ``_metadata`` in its
-``details`` (:mod:`state_engine.flink.discarded`): a ``_metadata`` found later at the location of
-a DISCARDED snapshot pins nothing only when it is that very file; a new checkpoint written there
-pins its files (the catalog forgets its rows of the paths that checkpoint owns now, and the next
-sync imports it).
+removed -- except files in ``taskowned/``, which Flink's task managers own and delete themselves
+(a changelog backend's materialized state, file merging's operator-state files, a physical file a
+task manager may still append to): reported under ``task_owned_kept``, left to Flink and to
+orphan cleanup (with its ``--older-than``). Savepoints are expired only when named: by
+directory name, catalog snapshot id or Flink savepoint id; a name that means different snapshots
+under these readings is refused. An expired snapshot is discarded with the size and modification
+time of its ``_metadata`` in its ``details`` (:mod:`state_engine.flink.discarded`): a
+``_metadata`` found later at the location of a DISCARDED snapshot pins nothing only when it is
+that very file; a new checkpoint written there pins its files (the catalog forgets its rows of
+the paths that checkpoint owns now, and the next sync imports it).
 
 Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
 and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
@@ -221,6 +224,9 @@ class ExpirePlan:
     expired: list[Any] = field(default_factory=list)  # SnapshotRecords to discard
     files: dict[str, int] = field(default_factory=dict)  # URL -> size, inside the job's dirs
     foreign: list[str] = field(default_factory=list)  # released, outside: reported, kept
+    #: released, in a job directory's ``taskowned/``: the task managers' to delete (see the
+    #: module doc), reported, kept
+    task_owned: list[str] = field(default_factory=list)
     dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
     links_kept: list[str] = field(default_factory=list)  # see links_to_keep
     #: catalog rows only dead snapshots reference whose path a checkpoint on disk (not imported
@@ -361,9 +367,12 @@ def _expire_plan(
     plan.dead_dirs = sorted(d for d in expiring | set(discarded) if under_any(d, dirs))
     linked = links_to_keep([u for u in candidates if under_any(u, dirs)], live, dirs)
     plan.links_kept = sorted(linked)
+    task_owned = tuple(f"{d.rstrip('/')}/taskowned/" for d in dirs)
     for url, size in sorted(candidates.items()):
         if not under_any(url, dirs):
             plan.foreign.append(url)
+        elif url.startswith(task_owned):
+            plan.task_owned.append(url)
         elif url not in linked:
             plan.files[url] = size
     return plan
@@ -443,6 +452,7 @@ def _expire_stats(
         "bytes_deleted": nbytes,
         "would_delete_bytes": sum(plan.files.values()),
         "foreign_kept": plan.foreign,
+        "task_owned_kept": plan.task_owned,
         "links_kept": plan.links_kept,
         # paths a checkpoint written since (where an expired one was) owns now: kept on disk,
         # forgotten by the catalog, which the next sync imports them into

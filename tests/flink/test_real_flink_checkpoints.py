@@ -146,8 +146,14 @@ def test_expire_and_orphan_cleanup_keep_every_segment_a_retained_checkpoint_read
     assert not {u.removeprefix("file://") for u in orphans["deleted"]["items"]} & needed
     expired = run_maintenance(catalog, "expire", job="merged", retain_last=1)
     gone = {u.removeprefix("file://") for u in expired["deleted"]["items"]}
-    # exactly the physical files only the expired checkpoints used, and their _metadata
-    assert {g for g in gone if not g.endswith("/_metadata")} == only_older
+    # exactly the physical files only the expired checkpoints used, and their _metadata; but
+    # taskowned/ is the task managers' (and orphan cleanup's): reported, kept
+    owned_by_tasks = {u for u in only_older if "/taskowned/" in u}
+    assert owned_by_tasks and sorted(
+        u.removeprefix("file://") for u in expired["stats"]["task_owned_kept"]
+    ) == sorted(owned_by_tasks)
+    assert all(Path(u).exists() for u in owned_by_tasks)
+    assert {g for g in gone if not g.endswith("/_metadata")} == only_older - owned_by_tasks
     assert {g for g in gone if g.endswith("/_metadata")} == {
         m.metadata_path for m in by_id.values()
     }

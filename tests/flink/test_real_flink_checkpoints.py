@@ -1,7 +1,7 @@
 """Checkpoints a real Flink 2.3 writes in layouts the fixtures do not have.
 
-A real cluster (``tests/fixtures/flink_cluster.py``) runs the same SQL job, 100 counters keyed by
-``id % 100``, twice at once, then both are cancelled:
+A real cluster (``tests/fixtures/flink_cluster.py``) runs one SQL job, 100 counters keyed by
+``id % 100``, in several configurations:
 
 * with file merging (FLIP-306, ``execution.checkpointing.file-merging.enabled``), RocksDB
   incremental: each SST, private RocksDB file and operator-state stream of a checkpoint is a
@@ -12,6 +12,8 @@ A real cluster (``tests/fixtures/flink_cluster.py``) runs the same SQL job, 100 
 * with file merging across checkpoints (``file-merging.across-checkpoint-boundary``), synced
   while the job runs: a physical file grows after a snapshot that reads it was imported, so the
   catalog keeps the most any snapshot needs of it and verify wants at least that much.
+* restored in CLAIM mode from another job's retained checkpoint at parallelism 3: both jobs
+  import and verify, and the rescaled subtasks hold every key once.
 * with the changelog state backend (``state.changelog.enabled``, materialized every 2 s): its
   materialized state lives in ``taskowned/`` and serves every checkpoint until the next
   materialization. Import and verify must take such files as shared; reading the state is a
@@ -239,3 +241,48 @@ def test_a_running_jobs_growing_merged_files_sync_and_verify(
             if (f.details or {}).get("segments"):
                 extents.setdefault(f.path, set()).add(_extent(f))
     assert any(len(e) > 1 for e in extents.values()), "no merged file grew: nothing was covered"
+
+
+@pytest.fixture(scope="module")
+def claimed_restore(flink_cluster: FlinkCluster) -> tuple[Path, Path]:
+    """The checkpoint directories of a job and of the job restored from its latest retained
+    checkpoint in CLAIM mode at parallelism 3, both cancelled (tests only read them)."""
+    rocks = {"state.backend.type": "rocksdb", "execution.checkpointing.incremental": "true"}
+    first = flink_cluster.submit_sql(JOB_SQL, rocks)
+    flink_cluster.wait_checkpoints(first, 4)
+    flink_cluster.cancel(first)
+    first_dir = flink_cluster.checkpoints / first
+    claimed = max(first_dir.glob("chk-*"), key=lambda p: int(p.name[4:]))
+    restore = {
+        "execution.state-recovery.path": str(claimed),
+        "execution.state-recovery.claim-mode": "CLAIM",
+        "parallelism.default": "3",
+    }
+    second = flink_cluster.submit_sql(JOB_SQL, {**rocks, **restore})
+    flink_cluster.wait_checkpoints(second, 4)
+    flink_cluster.cancel(second)
+    assert not claimed.exists()  # the restored job owned it, and subsumed it
+    return first_dir, flink_cluster.checkpoints / second
+
+
+def test_a_claimed_restore_at_another_parallelism_imports_and_reads(
+    catalog: Catalog, claimed_restore: tuple[Path, Path]
+) -> None:
+    """Key groups 0-42, 43-85, 86-127 after the rescale: both jobs import and verify, and every
+    key is read once from the rescaled subtasks."""
+    first_dir, second_dir = claimed_restore
+    for name, job_dir in (("before", first_dir), ("after", second_dir)):
+        report = import_flink(catalog, [str(job_dir)], name)
+        assert report.added and not report.skipped
+        result = verify(catalog, name)
+        assert [f for f in result.findings if f.level == "ERROR"] == [], result.render()
+    newest = max(second_dir.glob("chk-*"), key=lambda p: int(p.name[4:]))
+    meta = read_metadata(str(newest))
+    keyed = [op for op in meta.operators if any(st.keyed_handles for st in op.subtasks)]
+    assert [(op.parallelism, op.max_parallelism) for op in keyed] == [(3, 128)]
+    ranges = sorted(
+        (h.key_groups.start, h.key_groups.end) for st in keyed[0].subtasks for h in st.keyed_handles
+    )
+    assert ranges == [(0, 42), (43, 85), (86, 127)]
+    rows = [r for r in snapshot_raw_rows(meta) if r["state"] == "accState"]
+    assert sorted(_counter_key(r["key"]) for r in rows) == list(range(KEYS))

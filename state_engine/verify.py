@@ -133,7 +133,7 @@ class _Storage:
     def __init__(self, storage_options: dict[str, Any] | None) -> None:
         self.options = storage_options
         self._stores: dict[str, FileStore] = {}
-        self._checked: dict[tuple[str, bool], tuple[str, str] | None] = {}
+        self._checked: dict[tuple[str, bool, bool], tuple[str, str] | None] = {}
 
     def resolve(self, url: str) -> tuple[FileStore, str]:
         scheme = url.split("://", 1)[0] if "://" in url else "file"
@@ -149,7 +149,7 @@ class _Storage:
     ) -> tuple[str, str] | None:
         """None if the file is as recorded, else (kind, what is wrong). ``at_least``: a file
         its writer may append to (a Flink physical file of ranges): ``size`` bytes or more."""
-        key = (url, deep)
+        key = (url, deep, at_least)
         if key not in self._checked:
             self._checked[key] = self._check(url, size, checksum, deep, at_least)
         return self._checked[key]

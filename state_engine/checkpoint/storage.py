@@ -952,6 +952,8 @@ class SnapshotDir:
                 except FileExistsError as exc:
                     raise exists_error from exc
                 fsync_path(self.path)
+                # and the directory's own name, whoever made it (a rescale's spill, a retry)
+                fsync_path(posixpath.dirname(self.path))
             else:
                 if self.fs.exists(final):
                     raise exists_error

@@ -258,14 +258,21 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
     ]
     add = refs.append  # the loop runs once per handle: tens of thousands
     operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
-    # files whose handles give no file size: file merging's segments, a changelog's files
+    references = meta.references()
+    # files whose handles give ranges, not the file's size: file merging's segments, a
+    # changelog's files (every handle of such a file is one of its ranges)
+    ranged = {
+        r.handle.location
+        for r in references
+        if r.handle.location is not None and (r.handle.type == SEGMENT or r.role == ROLE_CHANGELOG)
+    }
     physical: dict[str, list[FileReference]] = {}
-    for r in meta.references():
+    for r in references:
         h = r.handle
         location = h.location
         if location is None:
             continue  # inline and empty handles: no file
-        if h.type == SEGMENT or r.role == ROLE_CHANGELOG:
+        if location in ranged:
             physical.setdefault(location, []).append(r)
             continue
         role = r.role

@@ -18,16 +18,20 @@ a retention that selects every one is refused (RetentionRemovesEverything). Then
 the job no retained snapshot references any more (``live_refs`` = 0: the discarded checkpoints'
 ``_metadata``, exclusive files and RocksDB private files, and exactly the shared files no retained
 checkpoint or savepoint uses) is forgotten and deleted, and the emptied ``chk-N`` directories
-removed -- except files in ``taskowned/``, which Flink's task managers own and delete themselves
-(a changelog backend's materialized state, file merging's operator-state files, a physical file a
-task manager may still append to): reported under ``task_owned_kept``, left to Flink and to
-orphan cleanup (with its ``--older-than``). Savepoints are expired only when named: by
-directory name, catalog snapshot id or Flink savepoint id; a name that means different snapshots
-under these readings is refused. An expired snapshot is discarded with the size and modification
-time of its ``_metadata`` in its ``details`` (:mod:`state_engine.flink.discarded`): a
-``_metadata`` found later at the location of a DISCARDED snapshot pins nothing only when it is
-that very file; a new checkpoint written there pins its files (the catalog forgets its rows of
-the paths that checkpoint owns now, and the next sync imports it).
+removed -- except the files Flink's task managers own and delete themselves: everything in
+``taskowned/`` (a changelog backend's materialized state, file merging's operator-state files)
+and file merging's physical files in ``shared/<subdirectory>/`` (which a task manager may still
+have open to append to). Those are reported under ``left_to_flink`` and forgotten by the
+catalog, not deleted: Flink drops them once no checkpoint uses them, and orphan cleanup (with its
+``--older-than``, which spares a file still being written) takes what a stopped job left.
+
+Savepoints are expired only when named: by directory name, catalog snapshot id or Flink
+savepoint id; a name that means different snapshots under these readings is refused. An expired
+snapshot is discarded with the size and modification time of its ``_metadata`` in its
+``details`` (:mod:`state_engine.flink.discarded`): a ``_metadata`` found later at the location of
+a DISCARDED snapshot pins nothing only when it is that very file; a new checkpoint written there
+pins its files (the catalog forgets its rows of the paths that checkpoint owns now, and the next
+sync imports it).
 
 Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
 and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
@@ -224,9 +228,8 @@ class ExpirePlan:
     expired: list[Any] = field(default_factory=list)  # SnapshotRecords to discard
     files: dict[str, int] = field(default_factory=dict)  # URL -> size, inside the job's dirs
     foreign: list[str] = field(default_factory=list)  # released, outside: reported, kept
-    #: released, in a job directory's ``taskowned/``: the task managers' to delete (see the
-    #: module doc), reported, kept
-    task_owned: list[str] = field(default_factory=list)
+    #: released, owned by Flink's task managers (see the module doc): forgotten, kept
+    left_to_flink: list[str] = field(default_factory=list)
     dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
     links_kept: list[str] = field(default_factory=list)  # see links_to_keep
     #: catalog rows only dead snapshots reference whose path a checkpoint on disk (not imported
@@ -368,11 +371,14 @@ def _expire_plan(
     linked = links_to_keep([u for u in candidates if under_any(u, dirs)], live, dirs)
     plan.links_kept = sorted(linked)
     task_owned = tuple(f"{d.rstrip('/')}/taskowned/" for d in dirs)
+    shared = tuple(f"{d.rstrip('/')}/shared/" for d in dirs)
     for url, size in sorted(candidates.items()):
         if not under_any(url, dirs):
             plan.foreign.append(url)
-        elif url.startswith(task_owned):
-            plan.task_owned.append(url)
+        elif url.startswith(task_owned) or (
+            url.startswith(shared) and "/" in url[url.index("/shared/") + 8 :]
+        ):
+            plan.left_to_flink.append(url)
         elif url not in linked:
             plan.files[url] = size
     return plan
@@ -423,9 +429,10 @@ def expire_body(
                 details=expired_details(stamp),
             )
         crash_point("flink.expire.after_discard")
-        if plan.forget_only:
+        forget = plan.forget_only + plan.left_to_flink  # the files stay where they are
+        if forget:
             lease.check()
-            catalog.forget_files(job, plan.forget_only, lease=lease.name, token=lease.held_token)
+            catalog.forget_files(job, forget, lease=lease.name, token=lease.held_token)
         done = forget_and_delete(catalog, lease, plan.files, threads=threads)
         removed = remove_empty_dirs(
             [posixpath.dirname(u) for u in done.paths] + plan.dead_dirs,
@@ -452,7 +459,8 @@ def _expire_stats(
         "bytes_deleted": nbytes,
         "would_delete_bytes": sum(plan.files.values()),
         "foreign_kept": plan.foreign,
-        "task_owned_kept": plan.task_owned,
+        # files Flink's task managers own: forgotten, kept (Flink and orphan cleanup drop them)
+        "left_to_flink": plan.left_to_flink,
         "links_kept": plan.links_kept,
         # paths a checkpoint written since (where an expired one was) owns now: kept on disk,
         # forgotten by the catalog, which the next sync imports them into

@@ -127,3 +127,20 @@ def test_a_spool_is_scratch_and_flushes_nothing(tmp_path: Path, disk_events: Eve
         assert not [path for kind, path in disk_events if path.startswith(spool.root)]
     finally:
         spool.remove()
+
+
+def test_a_snapshot_directory_made_by_someone_else_gets_its_name_flushed_at_commit(
+    tmp_path: Path, disk_events: Events
+) -> None:
+    """A rescale's spill or a retry may have made the directory already: the commit flushes
+    its entry in the parent too."""
+    _require_linux_proc()
+    root = tmp_path / "ckpt"
+    (root / "orders" / "chk-2" / "_spill").mkdir(parents=True)
+    snap = CheckpointStorage(root.as_uri()).checkpoint("orders", 2)
+    snap.write_file("data", b"rows")
+    snap.commit_metadata(b"metadata")
+    link = disk_events.index(("link", str(root / "orders" / "chk-2" / "_metadata")))
+    after = disk_events[link + 1 :]
+    assert ("fsync", str(root / "orders" / "chk-2")) in after
+    assert ("fsync", str(root / "orders")) in after

@@ -148,14 +148,15 @@ def test_expire_and_orphan_cleanup_keep_every_segment_a_retained_checkpoint_read
     assert not {u.removeprefix("file://") for u in orphans["deleted"]["items"]} & needed
     expired = run_maintenance(catalog, "expire", job="merged", retain_last=1)
     gone = {u.removeprefix("file://") for u in expired["deleted"]["items"]}
-    # exactly the physical files only the expired checkpoints used, and their _metadata; but
-    # taskowned/ is the task managers' (and orphan cleanup's): reported, kept
-    owned_by_tasks = {u for u in only_older if "/taskowned/" in u}
-    assert owned_by_tasks and sorted(
-        u.removeprefix("file://") for u in expired["stats"]["task_owned_kept"]
-    ) == sorted(owned_by_tasks)
-    assert all(Path(u).exists() for u in owned_by_tasks)
-    assert {g for g in gone if not g.endswith("/_metadata")} == only_older - owned_by_tasks
+    # their _metadata and exclusive files go; the physical files only they read are Flink's
+    # task managers' (taskowned/, shared/<subdirectory>/): forgotten, kept for Flink and for
+    # orphan cleanup, which then takes exactly those
+    left = {u.removeprefix("file://") for u in expired["stats"]["left_to_flink"]}
+    assert left == only_older, (left, only_older)
+    assert all(Path(u).exists() for u in left)
+    assert not {g for g in gone if not g.endswith("/_metadata")} & only_older
+    later = run_maintenance(catalog, "orphan_cleanup", job="merged", older_than="0s")
+    assert {u.removeprefix("file://") for u in later["deleted"]["items"]} == left
     assert {g for g in gone if g.endswith("/_metadata")} == {
         m.metadata_path for m in by_id.values()
     }

@@ -24,7 +24,8 @@ instance per job):
 2. **verify**: `statectl verify` of the job: every file of every completed snapshot is in
    storage with its size and checksum and every `_metadata` lists exactly the catalog's files;
    an inconsistency fails the task (unreferenced files are warnings: orphan cleanup in the
-   maintenance DAG deletes them).
+   maintenance DAG deletes them). A running job may subsume a checkpoint between the two tasks:
+   when a `_metadata` is missing, verify syncs the job's directories once more and checks again.
 
 **Configuration**: the Airflow Variable `statekeeper_flink_jobs` (JSON), or, when it is unset,
 the JSON file named by the `STATEKEEPER_FLINK_JOBS_FILE` setting:

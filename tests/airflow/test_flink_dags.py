@@ -257,3 +257,25 @@ def test_take_savepoint_on_a_flink_job_converts_a_flink_snapshot_not_a_converted
     with catalog() as cat:
         assert cat.list_snapshots("payments")[0].id == outputs[1]
         assert cat.get_snapshot(outputs[0]).format == "CANONICAL"
+
+
+def test_verify_after_flink_subsumed_a_checkpoint_since_the_sync_syncs_again(
+    dag_of: Callable[[str], Any], flink_env: dict[str, Path]
+) -> None:
+    """A running job subsumes checkpoints at any moment, also between the sync task and the
+    verify task: the verify syncs once more rather than fail the run for nothing."""
+    from statekeeper_airflow.flink import verify_job
+
+    assert dag_of("statekeeper_flink_sync").test().state == "success"
+    shutil.rmtree(flink_env["job_dir"] / "chk-8")  # Flink subsumed it after the sync
+    verify_job("payments")  # raises when it finds inconsistencies
+    with catalog() as cat:
+        status = {s.checkpoint_id: s.status for s in cat.list_snapshots("payments")}
+    assert status[8] == "DISCARDED" and status[10] == "COMPLETED"
+    # a data file gone is not explained by a sync: verify still fails
+    victim = next(p for p in (flink_env["job_dir"] / "chk-10").iterdir() if p.name != "_metadata")
+    victim.unlink()
+    from airflow.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match="inconsistencies"):
+        verify_job("payments")

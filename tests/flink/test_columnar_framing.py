@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from state_engine.flink import columnar
 from state_engine.flink.keyed_state import END_OF_KEY_GROUP_MARK
 from state_engine.flink.metadata import SAVEPOINT_KEY_GROUPS, read_metadata
+from tests.flink.test_state_columnar import _string_value
 
 # --- the reference: framing one step per record depth, as it was before blocks ---
 
@@ -120,17 +121,6 @@ def _assert_frames_the_same(data: bytes, offsets: list[int]) -> Any:
 # --- generated streams ---
 
 _MERCHANTS = ["amazon", "ikea", "café-de-flore", "Müller-Markt", "京东商城", "🍕-pizza-place"]
-
-
-def _string_value(s: str) -> bytes:
-    units = [u for (u,) in struct.iter_unpack(">H", s.encode("utf-16-be", "surrogatepass"))]
-    out = bytearray()
-    for v in [len(units) + 1, *units]:
-        while v >= 0x80:
-            out.append((v & 0x7F) | 0x80)
-            v >>= 7
-        out.append(v)
-    return bytes(out)
 
 
 @cache

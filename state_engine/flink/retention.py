@@ -375,8 +375,8 @@ def _expire_plan(
     for url, size in sorted(candidates.items()):
         if not under_any(url, dirs):
             plan.foreign.append(url)
-        elif url.startswith(task_owned) or (
-            url.startswith(shared) and "/" in url[url.index("/shared/") + 8 :]
+        elif url.startswith(task_owned) or any(
+            url.startswith(d) and "/" in url[len(d) :] for d in shared
         ):
             plan.left_to_flink.append(url)
         elif url not in linked:

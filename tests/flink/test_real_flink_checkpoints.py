@@ -178,7 +178,11 @@ def test_changelog_checkpoints_share_their_materialized_state_and_import(
     catalog: Catalog, flink_jobs: dict[str, Path], tmp_path: Path
 ) -> None:
     job_dir = _copy(flink_jobs, "changelog", tmp_path)
-    metas = [read_metadata(str(p)) for p in sorted(job_dir.glob("chk-*/_metadata"))]
+    # oldest first, by checkpoint id (chk-10 sorts before chk-9 by name)
+    metas = sorted(
+        (read_metadata(str(p)) for p in job_dir.glob("chk-*/_metadata")),
+        key=lambda m: m.checkpoint_id,
+    )
     assert len(metas) == 3
     assert {h.type for m in metas for op in m.operators for st in op.subtasks
             for h in st.keyed_handles} == {md.CHANGELOG}  # fmt: skip

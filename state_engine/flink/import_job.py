@@ -276,11 +276,12 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
             physical.setdefault(location, []).append(r)
             continue
         role = r.role
-        details: dict[str, Any] = {"role": role, "kind": h.kind, "flink_path": h.name}
+        details: dict[str, Any] = {"role": role, "kind": h.kind}
         if r.local_path:
             details["local_path"] = r.local_path
-        if h.relocated:
+        if h.relocated:  # where Flink wrote it, when that is not where it is
             details["relocated"] = True
+            details["flink_path"] = h.name
         if h.type not in ("file", "relative"):
             details["handle"] = h.type
         kg = r.key_groups
@@ -333,12 +334,12 @@ def _physical_file_ref(url: str, parts: list[FileReference], operators: dict[str
     details: dict[str, Any] = {
         "role": roles.pop() if len(roles) == 1 else "merged",
         "kind": first.kind,
-        "flink_path": first.name,
         "handle": first.type,
         "segments": sorted([r.role, r.handle.start_pos, r.handle.size] for r in parts),
     }
     if first.relocated:
         details["relocated"] = True
+        details["flink_path"] = first.name
     return FileRef(
         path=url,
         size=max(r.handle.start_pos + r.handle.size for r in parts),

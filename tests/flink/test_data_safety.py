@@ -109,6 +109,14 @@ def test_a_copied_job_directory_references_its_own_files_not_the_original(
     shutil.copytree(original, copy, copy_function=shutil.copy2)
     imported = import_flink(catalog, [str(copy)], "c")
     assert all(a["relocated"] for a in imported.added)  # re-rooted, though the original exists
+    # each relocated file says where Flink wrote it; the others keep no copy of their own path
+    for snap in catalog.list_snapshots("c"):
+        for f in catalog.snapshot_files(snap.id):
+            details = f.details or {}
+            if details.get("relocated"):
+                assert str(original) in details["flink_path"] and str(copy) in f.path
+            else:
+                assert "flink_path" not in details
     _age(copy)
     out = run_maintenance(catalog, "orphan_cleanup", job="c", older_than="1d")
     assert out["deleted"]["items"] == []

@@ -21,7 +21,7 @@ instance per job):
    directory that is missing keeps its snapshots (a volume may come back): the task logs a
    warning, and verify fails until it is back or, deleted on purpose, forgotten with
    `statectl flink forget-directory PATH --job NAME` and taken out of the configuration.
-2. **verify**: `statectl verify` of the job: every file of every completed snapshot is in
+2. **verify**: `statectl verify --sync` of the job: every file of every completed snapshot is in
    storage with its size and checksum and every `_metadata` lists exactly the catalog's files;
    an inconsistency fails the task (unreferenced files are warnings: orphan cleanup in the
    maintenance DAG deletes them). A running job may subsume a checkpoint between the two tasks:

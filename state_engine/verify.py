@@ -14,8 +14,12 @@ For each job (or the one named):
   released them: the next checkpoint's cleanup or orphan cleanup deletes them). ``strict`` makes
   them errors.
 
-Nothing is changed or deleted. :func:`verify` returns a :class:`VerifyReport`; ``ok`` is False
-on any error.
+Nothing is changed or deleted, except with ``sync`` (``statectl verify --sync``): a running Flink
+job subsumes checkpoints at any moment, also between the last ``statectl flink import`` and the
+verify, so a Flink job whose snapshot's ``_metadata`` is missing gets its directories synced once
+(which marks a subsumed checkpoint vanished) and is verified again. What a sync does not explain
+(a missing data file, a savepoint deleted by hand) is still an error. :func:`verify` returns a
+:class:`VerifyReport`; ``ok`` is False on any error.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class JobReport:
     bytes_checked: int = 0
     files_listed: int = 0
     findings: list[Finding] = field(default_factory=list)
+    #: checkpoints the sync before a second verify found gone (``sync``: Flink subsumed them)
+    vanished: list[int] = field(default_factory=list)
 
     def add(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -113,6 +119,12 @@ class VerifyReport:
                 f"{human_bytes(j.bytes_checked)} checked ({check}); "
                 f"{j.files_listed} file(s) in storage"
             )
+            if j.vanished:
+                lines.append(
+                    "  synced: checkpoint(s) "
+                    f"{', '.join(map(str, j.vanished))} vanished since the last import "
+                    "(subsumed by the running job) and are no longer live"
+                )
             for f in j.findings:
                 lines.append(f"  {f.level:<7} {f.message}")
         if not self.jobs:
@@ -153,6 +165,10 @@ class _Storage:
         if key not in self._checked:
             self._checked[key] = self._check(url, size, checksum, deep, at_least)
         return self._checked[key]
+
+    def forget_problems(self) -> None:
+        """Check again what was found wrong (a file found as recorded stays so)."""
+        self._checked = {k: v for k, v in self._checked.items() if v is None}
 
     def _check(
         self, url: str, size: int, checksum: str | None, deep: bool, at_least: bool
@@ -345,6 +361,11 @@ def verify_job(
             problem = storage.check(f.path, f.size, f.checksum, deep, at_least=_ranged(f))
             if problem is not None:
                 kind, what = problem
+                if _subsumed_hint(record, kind, f.path):
+                    what += (
+                        "; a running Flink job may have subsumed this checkpoint since the last "
+                        f"import: `statectl verify {record.name} --sync` syncs first"
+                    )
                 report.add(
                     Finding(ERROR, kind, f"{_label(snap)}: file {f.path} {what}", f.path,
                             snap.id, snap.checkpoint_id)
@@ -374,6 +395,39 @@ def verify_job(
     return report
 
 
+def _subsumed_hint(record: JobRecord, kind: str, path: str) -> bool:
+    """Whether a finding is a Flink snapshot's missing ``_metadata``: what a sync explains."""
+    return record.origin == "flink" and kind == "missing" and path.endswith("/" + METADATA_FILE)
+
+
+def _verify_synced(
+    catalog: Catalog, record: JobRecord, deep: bool, strict: bool, storage: _Storage
+) -> JobReport:
+    """``verify_job``; for a Flink job whose snapshot lost its ``_metadata``, sync its
+    directories and verify again (see the module doc)."""
+    report = verify_job(catalog, record, deep=deep, strict=strict, storage=storage)
+    if record.origin != "flink" or not any(
+        f.level == ERROR and f.path and _subsumed_hint(record, f.kind, f.path)
+        for f in report.findings
+    ):
+        return report
+    from state_engine.flink.import_job import import_flink
+
+    directories = [d for d, _ in catalog.job_directories(record.name)]
+    try:
+        synced = import_flink(catalog, directories, record.name, storage_options=storage.options)
+    except StatekeeperError as exc:
+        report.add(
+            Finding(WARNING, "sync",
+                    f"the sync of {', '.join(directories)} before a second verify failed: {exc}")
+        )  # fmt: skip
+        return report
+    storage.forget_problems()
+    again = verify_job(catalog, record, deep=deep, strict=strict, storage=storage)
+    again.vanished = sorted(v["checkpoint_id"] for v in synced.vanished)
+    return again
+
+
 def verify(
     catalog: Catalog,
     job: str | int | None = None,
@@ -381,12 +435,19 @@ def verify(
     deep: bool = True,
     strict: bool = False,
     storage_options: dict[str, Any] | None = None,
+    sync: bool = False,
 ) -> VerifyReport:
-    """Check ``job`` (default: every job in the catalog) against storage."""
+    """Check ``job`` (default: every job in the catalog) against storage; ``sync``: sync a Flink
+    job whose snapshot lost its ``_metadata`` and check it again (see the module doc)."""
     storage = _Storage(storage_options)
     jobs = [catalog.get_job(job)] if job is not None else catalog.list_jobs()
     return VerifyReport(
-        [verify_job(catalog, j, deep=deep, strict=strict, storage=storage) for j in jobs],
+        [
+            _verify_synced(catalog, j, deep, strict, storage)
+            if sync
+            else verify_job(catalog, j, deep=deep, strict=strict, storage=storage)
+            for j in jobs
+        ],
         deep=deep,
         strict=strict,
     )
@@ -399,7 +460,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from state_engine.config import Settings
 
     with Catalog.from_settings(Settings.from_env()) as catalog:
-        report = verify(catalog, args.job, deep=not args.quick, strict=args.strict)
+        report = verify(catalog, args.job, deep=not args.quick, strict=args.strict, sync=args.sync)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
@@ -420,6 +481,12 @@ def register(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="sizes only, no checksums")
     parser.add_argument(
         "--strict", action="store_true", help="unreferenced files are errors, not warnings"
+    )
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="Flink jobs: when a snapshot's _metadata is missing (the running job subsumed it "
+        "since the last import), sync the job's directories and verify it again",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser

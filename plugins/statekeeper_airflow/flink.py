@@ -70,30 +70,17 @@ def sync_job(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def verify_job(name: str) -> dict[str, Any]:
-    """``statectl verify NAME``; fails the task when the catalog and storage disagree.
+    """``statectl verify NAME --sync``; fails the task when the catalog and storage disagree.
 
     A running Flink job subsumes checkpoints at any moment, also between the sync and this
     verify: when a snapshot's ``_metadata`` is missing, the job's directories are synced once more
     (which marks a subsumed checkpoint vanished) and verified again. What a sync does not explain
     (a missing directory, a missing data file) still fails."""
     from state_engine.catalog import Catalog
-    from state_engine.errors import StatekeeperError
-    from state_engine.flink.import_job import import_flink
-    from state_engine.verify import ERROR, verify
+    from state_engine.verify import verify
 
     with Catalog.from_settings() as catalog:
-        report = verify(catalog, name)
-        if not report.ok and any(
-            f.level == ERROR and f.kind == "missing" and (f.path or "").endswith("/_metadata")
-            for f in report.findings
-        ):
-            directories = [path for path, _ in catalog.job_directories(name)]
-            try:
-                import_flink(catalog, directories, name)
-            except StatekeeperError as exc:
-                log.warning("Flink job %r: the sync before a second verify failed: %s", name, exc)
-            else:
-                report = verify(catalog, name)
+        report = verify(catalog, name, sync=True)
     text = report.render()
     log.info("%s", text)
     if not report.ok:

@@ -186,6 +186,52 @@ def test_reimport_syncs_added_and_vanished(
     ]
 
 
+def test_verify_sync_explains_a_checkpoint_flink_subsumed_since_the_import(
+    catalog_url: str,
+    flink_fixtures: FlinkFixtures,
+    flink_copy: Callable[[Path], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A running job subsumes checkpoints at any moment: plain verify reports the missing
+    ``_metadata`` and says how to sync; ``--sync`` syncs, then verifies the live snapshots; a
+    missing data file is still an error."""
+    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
+    job_dir = flink_copy(flink_fixtures.java_job("rocksdb"))
+    with Catalog.open(catalog_url) as catalog:
+        import_flink(catalog, [str(job_dir)], "live")
+    shutil.rmtree(job_dir / "chk-8")  # subsumed by the running job after the import
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = cli.main(["verify", "live", *argv])
+        return code, capsys.readouterr().out
+
+    code, out = run()
+    assert code == 3
+    assert "a running Flink job may have subsumed" in out and "statectl verify live --sync" in out
+    code, out = run("--sync")
+    assert code == 0, out
+    assert "synced: checkpoint(s) 8 vanished" in out and "2 COMPLETED" in out
+    with Catalog.open(catalog_url) as catalog:
+        status = {s.checkpoint_id: s.status for s in catalog.list_snapshots("live")}
+    assert status == {8: "DISCARDED", 10: "COMPLETED", 11: "COMPLETED"}
+    # a data file gone is not something a sync explains
+    with Catalog.open(catalog_url) as catalog:
+        snap = next(s for s in catalog.list_snapshots("live") if s.checkpoint_id == 11)
+        victim = next(
+            Path(f.path.removeprefix("file://"))
+            for f in catalog.snapshot_files(snap.id)
+            if "/shared/" in f.path
+        )
+    victim.unlink()
+    code, out = run("--sync", "--json")
+    report = json.loads(out)
+    assert code == 3 and not report["ok"]
+    missing = {f["path"] for f in report["jobs"][0]["findings"] if f["kind"] == "missing"}
+    assert missing == {_url(victim)}
+    assert report["jobs"][0]["vanished"] == []
+
+
 def test_a_chk_dir_without_metadata_is_reported_not_imported(
     catalog: Catalog, flink_fixtures: FlinkFixtures, flink_copy: Callable[[Path], Path]
 ) -> None:

@@ -23,7 +23,10 @@ removed -- except the files Flink's task managers own and delete themselves: eve
 and file merging's physical files in ``shared/<subdirectory>/`` (which a task manager may still
 have open to append to). Those are reported under ``left_to_flink`` and forgotten by the
 catalog, not deleted: Flink drops them once no checkpoint uses them, and orphan cleanup (with its
-``--older-than``, which spares a file still being written) takes what a stopped job left.
+``--older-than``, which spares a file still being written) takes what a stopped job left. Files
+outside the job's directories are never deleted either (``foreign_kept``); of those, the ones
+whose catalog rows this job holds (a changelog backend's files in the cluster's changelog
+directory, which Flink drops itself) are forgotten too, so no later expire reports them again.
 
 Savepoints are expired only when named: by directory name, catalog snapshot id or Flink
 savepoint id; a name that means different snapshots under these readings is refused. An expired
@@ -228,6 +231,9 @@ class ExpirePlan:
     expired: list[Any] = field(default_factory=list)  # SnapshotRecords to discard
     files: dict[str, int] = field(default_factory=dict)  # URL -> size, inside the job's dirs
     foreign: list[str] = field(default_factory=list)  # released, outside: reported, kept
+    #: the released ones outside whose catalog rows this job holds (a changelog backend's files
+    #: in the cluster's changelog directory): forgotten, kept
+    foreign_forgotten: list[str] = field(default_factory=list)
     #: released, owned by Flink's task managers (see the module doc): forgotten, kept
     left_to_flink: list[str] = field(default_factory=list)
     dead_dirs: list[str] = field(default_factory=list)  # expired/discarded snapshot dirs
@@ -381,6 +387,12 @@ def _expire_plan(
             plan.left_to_flink.append(url)
         elif url not in linked:
             plan.files[url] = size
+    if plan.foreign:
+        # Released files outside the job's directories are never deleted; the rows this job holds
+        # go (Flink drops a changelog's files itself), or every later expire finds them again. An
+        # ancestor job's files stay its own.
+        owners = catalog.path_owners(plan.foreign)
+        plan.foreign_forgotten = [u for u in plan.foreign if owners.get(u) == job]
     return plan
 
 
@@ -429,7 +441,8 @@ def expire_body(
                 details=expired_details(stamp),
             )
         crash_point("flink.expire.after_discard")
-        forget = plan.forget_only + plan.left_to_flink  # the files stay where they are
+        # the files stay where they are
+        forget = plan.forget_only + plan.left_to_flink + plan.foreign_forgotten
         if forget:
             lease.check()
             catalog.forget_files(job, forget, lease=lease.name, token=lease.held_token)

@@ -416,7 +416,7 @@ def _verify_synced(
     directories = [d for d, _ in catalog.job_directories(record.name)]
     try:
         synced = import_flink(catalog, directories, record.name, storage_options=storage.options)
-    except StatekeeperError as exc:
+    except (StatekeeperError, OSError) as exc:  # storage unreachable: reported, not raised
         report.add(
             Finding(WARNING, "sync",
                     f"the sync of {', '.join(directories)} before a second verify failed: {exc}")

@@ -1,7 +1,7 @@
 """Catalog benchmark: register snapshots of 10,000 files each, then ask the common questions.
 
 Baseline, in the same run and on the same database: a raw DBAPI ``executemany`` of the same file,
-snapshot-file and key-group-stat rows into the same tables. Prints one JSON object last.
+file reference group and key-group-stat rows into the same tables. Prints one JSON object last.
 Usage: ``bench/catalog.py [--quick] [--pg-url URL]``.
 """
 
@@ -65,7 +65,8 @@ def _register(catalog: Catalog, snapshots: int) -> Iterator[tuple[float, int]]:
 
 
 def _baseline(url: str, snapshots: int, sqlite: bool) -> Iterator[tuple[float, int]]:
-    """Raw executemany of the same rows: files, snapshot_files, key_group_stats (per snapshot)."""
+    """Raw executemany of the same rows: files, file reference groups, key_group_stats (per
+    snapshot)."""
     now = datetime.now(UTC)
     stamp = now.replace(tzinfo=None).isoformat(" ") if sqlite else now
     mark = "?" if sqlite else "%s"
@@ -133,14 +134,16 @@ def _baseline(url: str, snapshots: int, sqlite: bool) -> Iterator[tuple[float, i
             cur.execute("SELECT path, id FROM sk_files WHERE path = ANY(%s)", (paths,))
             ids.update(cur.fetchall())
         file_ids = [ids[p] for p in paths]
+        # the references as the catalog stores them: a group per operator subtask and range
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for fid, f in zip(file_ids, files, strict=True):
+            key = (f.subtask, f.key_group_start, f.key_group_end)
+            groups.setdefault(key, []).append(fid)
         cur.executemany(
-            "INSERT INTO sk_snapshot_files (snapshot_id, file_id, operator_id, subtask, "
-            f"key_group_start, key_group_end) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, "
-            f"{mark})",
-            [
-                (sid, fid, op_id, f.subtask, f.key_group_start, f.key_group_end)
-                for fid, f in zip(file_ids, files, strict=True)
-            ],
+            "INSERT INTO sk_snapshot_file_groups (snapshot_id, operator_id, subtask, "
+            "key_group_start, key_group_end, foreign_files, file_ids) VALUES "
+            f"({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark})",
+            [(sid, op_id, *key, False, json.dumps(ids)) for key, ids in groups.items()],
         )
         cur.executemany(
             "INSERT INTO sk_key_group_stats (snapshot_id, operator_id, key_group, rows, bytes) "

@@ -332,7 +332,7 @@ def bench_import(fixtures: Path, work: Path, shared_files: int, repeat: int) -> 
         src = sqlite3.connect(work / "import-0.db")
         tables = {
             t: src.execute(f"SELECT * FROM {t}").fetchall()  # noqa: S608 -- the bench's tables
-            for t in ("sk_files", "sk_snapshot_files")
+            for t in ("sk_files", "sk_snapshot_file_groups")
         }
         src.close()
         url = f"sqlite:///{work / f'floor-{next(counter)}.db'}"

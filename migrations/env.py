@@ -24,6 +24,10 @@ def _configure(**kwargs: object) -> None:
         version_table=VERSION_TABLE,
         # SQLite cannot ALTER most things in place; batch mode rebuilds the table instead.
         render_as_batch=True,
+        # One transaction for the whole run, also on SQLite (Alembic assumes it cannot roll back
+        # DDL and commits after each revision; it can, and the engine begins its transactions
+        # itself): a revision that refuses leaves the catalog at the revision it was at.
+        transactional_ddl=True,
         compare_type=True,
         **kwargs,
     )

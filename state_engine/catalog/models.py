@@ -205,19 +205,34 @@ class File(Base):
     created_at: Mapped[datetime]
 
 
-class SnapshotFile(Base):
-    __tablename__ = "sk_snapshot_files"
+class SnapshotFileGroup(Base):
+    """The files one snapshot references for one operator subtask and key-group range, as one row.
+
+    A snapshot of a RocksDB job references thousands of shared files: a row per reference made
+    registering (and importing) a snapshot cost more than listing its files. ``file_ids`` is a
+    JSON array of ``sk_files`` ids in the order the writer gave them; ``details`` (NULL when no
+    reference has any) the JSON array of what the writer recorded about each (an object or
+    null), position for position. ``foreign_files``: the files belong to another job (a Flink job
+    restored from another's snapshot in NO_CLAIM or LEGACY mode references its ancestor's).
+
+    The view ``sk_snapshot_files`` (migration 0006) gives a row per reference, for SQL. File ids
+    have no foreign key here: the repository keeps them pointing at ``sk_files`` rows (forgetting
+    a file, which no retained snapshot references, takes it out of the dead snapshots' groups).
+    """
+
+    __tablename__ = "sk_snapshot_file_groups"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     snapshot_id: Mapped[int] = mapped_column(
         ForeignKey("sk_snapshots.id", ondelete="CASCADE"), index=True
     )
-    file_id: Mapped[int] = mapped_column(ForeignKey("sk_files.id"), index=True)
     operator_id: Mapped[int | None] = mapped_column(ForeignKey("sk_operators.id"))
     subtask: Mapped[int | None] = mapped_column(Integer)
     key_group_start: Mapped[int | None] = mapped_column(Integer)
     key_group_end: Mapped[int | None] = mapped_column(Integer)
-    details: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    foreign_files: Mapped[bool] = mapped_column(Boolean)
+    file_ids: Mapped[list[int]] = mapped_column(JSONType)
+    details: Mapped[list[Any] | None] = mapped_column(JSONType)
 
 
 class SnapshotSize(Base):

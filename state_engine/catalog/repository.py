@@ -23,6 +23,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    null,
     or_,
     select,
     update,
@@ -48,7 +49,7 @@ from state_engine.catalog.models import (
     KeyGroupStat,
     Operator,
     Snapshot,
-    SnapshotFile,
+    SnapshotFileGroup,
     SnapshotSize,
     State,
 )
@@ -94,6 +95,9 @@ from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 MAX_MAX_PARALLELISM = UPPER_BOUND_MAX_PARALLELISM
+#: a row per reference of a snapshot to a file (the view over sk_snapshot_file_groups)
+Ref = views.references
+REFERENCES = Ref.name
 
 
 class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
@@ -445,8 +449,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             snap = self._lock_snapshot(s, snapshot_id, (SnapshotStatus.PENDING,), "attach files to")
             # Plain ints: an ORM attribute read per row would cost more than the row's insert.
             snap_id, job_id = snap.id, snap.job_id
-            details: dict[int, str] = {}
-            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism, details)
+            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism)
             op_ids = self._operator_ids(s, job_id, {r.operator for r in refs if r.operator})
             bulk = Bulk(s.connection())
             m = bulk.mark
@@ -476,8 +479,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 already = {
                     fid
                     for (fid,) in bulk.select(
-                        f"SELECT file_id FROM sk_snapshot_files WHERE snapshot_id = {m} "
-                        f"AND {where}",
+                        f"SELECT file_id FROM {REFERENCES} WHERE snapshot_id = {m} AND {where}",
                         (snap_id, ids),
                     )
                 }
@@ -527,28 +529,18 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             )
             path_ids.update((path, fid) for fid, (path, _) in zip(new_ids, new, strict=True))
             bulk.insert_many(
-                SnapshotFile.__tablename__,
+                SnapshotFileGroup.__tablename__,
                 (
                     "snapshot_id",
-                    "file_id",
                     "operator_id",
                     "subtask",
                     "key_group_start",
                     "key_group_end",
+                    "foreign_files",
+                    "file_ids",
                     "details",
                 ),
-                [
-                    (
-                        snap_id,
-                        path_ids[r.path],
-                        op_ids[r.operator] if r.operator else None,
-                        r.subtask,
-                        r.key_group_start,
-                        r.key_group_end,
-                        details.get(id(r)),
-                    )
-                    for r in refs
-                ],
+                [(snap_id, *key, *cols) for key, cols in _file_groups(refs, path_ids, op_ids)],
             )
             return len(refs)
 
@@ -619,9 +611,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 self._check_lease_in(s, *lease)
             if bytes is None:
                 file_ids = (
-                    select(SnapshotFile.file_id)
-                    .where(SnapshotFile.snapshot_id == snapshot_id)
-                    .scalar_subquery()
+                    select(Ref.c.file_id).where(Ref.c.snapshot_id == snapshot_id).scalar_subquery()
                 )
                 bytes = s.scalar(
                     select(func.coalesce(func.sum(File.size), 0)).where(File.id.in_(file_ids))
@@ -735,7 +725,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         with self._read() as s:
             self._snapshot_record(s, snapshot_id)
             rows = s.execute(window(_snapshot_files_stmt(snapshot_id), limit, offset))
-            return [SnapshotFileRecord(*row) for row in rows]
+            return _with_details(s, rows)
 
     def snapshot_files_page(
         self, snapshot_id: int, *, limit: int | None = None, offset: int = 0
@@ -744,20 +734,16 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         with self._read() as s:
             self._snapshot_record(s, snapshot_id)
             stmt = _snapshot_files_stmt(snapshot_id)
-            items = [SnapshotFileRecord(*row) for row in s.execute(window(stmt, limit, offset))]
-            total = s.scalar(select(func.count()).where(SnapshotFile.snapshot_id == snapshot_id))
+            items = _with_details(s, s.execute(window(stmt, limit, offset)))
+            total = s.scalar(_count_references(snapshot_id))
             return Page(items, int(total or 0), offset, limit)
 
     def snapshot_files_summary(self, snapshot_id: int) -> FilesSummary:
         """Counts and bytes of what a snapshot references, computed in the database."""
         with self._read() as s:
             self._snapshot_record(s, snapshot_id)
-            refs = s.scalar(select(func.count()).where(SnapshotFile.snapshot_id == snapshot_id))
-            used = (
-                select(SnapshotFile.file_id)
-                .where(SnapshotFile.snapshot_id == snapshot_id)
-                .scalar_subquery()
-            )
+            refs = s.scalar(_count_references(snapshot_id))
+            used = select(Ref.c.file_id).where(Ref.c.snapshot_id == snapshot_id).scalar_subquery()
             files, size, shared_files, shared_bytes = s.execute(
                 select(
                     func.count(),
@@ -821,9 +807,11 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 s.scalars(
                     select(File.path)
                     .distinct()
-                    .join(SnapshotFile, SnapshotFile.file_id == File.id)
-                    .join(Snapshot, Snapshot.id == SnapshotFile.snapshot_id)
+                    .join(Ref, Ref.c.file_id == File.id)
+                    .join(Snapshot, Snapshot.id == Ref.c.snapshot_id)
                     .where(
+                        # another job's snapshot references a file of this one only as foreign
+                        Ref.c.foreign_file,
                         File.job_id == job_id,
                         Snapshot.job_id != job_id,
                         Snapshot.status.in_(RETAINED_STATUSES),
@@ -885,10 +873,50 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     f"{job_row.name!r} (e.g. {live[0]}); subsume or discard those snapshots first"
                 )
             ids = [fid for fid, _, _ in rows]
+            self._drop_references(s, job_row.id, ids)
             for id_part in chunks(ids):
-                s.execute(delete(SnapshotFile).where(SnapshotFile.file_id.in_(id_part)))
                 s.execute(delete(File).where(File.id.in_(id_part)))
             return len(ids)
+
+    def _drop_references(self, s: Session, job_id: int, file_ids: list[int]) -> None:
+        """Take ``file_ids`` (files no retained snapshot references) out of the groups of the
+        dead snapshots that referenced them: this job's, and other jobs' foreign references.
+        A group left empty goes. Afterwards no group names a file that is no longer there."""
+        if not file_ids:
+            return
+        bulk = Bulk(s.connection())
+        where, ids = bulk.in_list("r.file_id", file_ids)
+        m = bulk.mark
+        groups = [
+            gid
+            for (gid,) in bulk.select(
+                f"SELECT DISTINCT r.group_id FROM {REFERENCES} r "
+                "JOIN sk_snapshots s ON s.id = r.snapshot_id "
+                f"WHERE (s.job_id = {m} OR r.foreign_file) AND {where}",
+                (job_id, ids),
+            )
+        ]
+        gone = set(file_ids)
+        for part in chunks(groups):
+            rows = s.execute(
+                select(SnapshotFileGroup.id, SnapshotFileGroup.file_ids, SnapshotFileGroup.details)
+                .where(SnapshotFileGroup.id.in_(part))
+                .with_for_update()
+            ).all()
+            for gid, group_ids, details in rows:
+                keep = [i for i, fid in enumerate(group_ids) if fid not in gone]
+                if not keep:
+                    s.execute(delete(SnapshotFileGroup).where(SnapshotFileGroup.id == gid))
+                    continue
+                notes = None if details is None else [details[i] for i in keep]
+                s.execute(
+                    update(SnapshotFileGroup)
+                    .where(SnapshotFileGroup.id == gid)
+                    .values(
+                        file_ids=[group_ids[i] for i in keep],
+                        details=notes if notes and any(n is not None for n in notes) else null(),
+                    )
+                )
 
     # --- questions ---
 
@@ -1089,11 +1117,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             )
         if status in RETAINED_STATUSES and target not in RETAINED_STATUSES:
             # Only retained snapshots count as live references; this one just stopped being one.
-            used = (
-                select(SnapshotFile.file_id)
-                .where(SnapshotFile.snapshot_id == snapshot_id)
-                .scalar_subquery()
-            )
+            used = select(Ref.c.file_id).where(Ref.c.snapshot_id == snapshot_id).scalar_subquery()
             s.execute(
                 update(File)
                 .where(File.id.in_(used))
@@ -1110,10 +1134,10 @@ def _record_sizes_stmt() -> Insert:
     """Per operator of a snapshot: its distinct files, their bytes and shared bytes, into
     sk_snapshot_sizes. Built once (``snapshot_id`` bound per call): building this statement
     cost more than running it, on every checkpoint's completion."""
-    sid = bindparam("snapshot_id", type_=SnapshotFile.snapshot_id.type)
+    sid = bindparam("snapshot_id", type_=Ref.c.snapshot_id.type)
     pairs = (
-        select(SnapshotFile.operator_id, SnapshotFile.file_id)
-        .where(SnapshotFile.snapshot_id == sid)
+        select(Ref.c.operator_id, Ref.c.file_id)
+        .where(Ref.c.snapshot_id == sid)
         .distinct()
         .subquery()
     )
@@ -1169,28 +1193,64 @@ def _snapshots_stmt(
 
 
 def _snapshot_files_stmt(snapshot_id: int) -> Select[*tuple[Any, ...]]:
-    # The tables rather than sk_v_snapshot_files: the reference id ends the ORDER BY, so pages
-    # cut by offset never overlap or skip (one path may be read by several subtasks).
+    # The tables rather than sk_v_snapshot_files: the reference's group and position end the
+    # ORDER BY, so pages cut by offset never overlap or skip (one path may be read by several
+    # subtasks). The last two columns find each reference's details (see _with_details).
     return (
         select(
-            SnapshotFile.snapshot_id,
+            Ref.c.snapshot_id,
             File.id,
             File.path,
             File.size,
             File.checksum,
             File.shared,
             Operator.uid,
-            SnapshotFile.subtask,
-            SnapshotFile.key_group_start,
-            SnapshotFile.key_group_end,
+            Ref.c.subtask,
+            Ref.c.key_group_start,
+            Ref.c.key_group_end,
             File.created_by_snapshot_id,
             File.last_used_snapshot_id,
-            SnapshotFile.details,
+            Ref.c.group_id,
+            Ref.c.position,
         )
-        .join(File, File.id == SnapshotFile.file_id)
-        .outerjoin(Operator, Operator.id == SnapshotFile.operator_id)
-        .where(SnapshotFile.snapshot_id == snapshot_id)
-        .order_by(Operator.uid, SnapshotFile.subtask, File.path, SnapshotFile.id)
+        .join(File, File.id == Ref.c.file_id)
+        .outerjoin(Operator, Operator.id == Ref.c.operator_id)
+        .where(Ref.c.snapshot_id == snapshot_id)
+        .order_by(Operator.uid, Ref.c.subtask, File.path, Ref.c.group_id, Ref.c.position)
+    )
+
+
+def _with_details(s: Session, rows: Iterable[Any]) -> list[SnapshotFileRecord]:
+    """Records of :func:`_snapshot_files_stmt` rows, each with its reference's details (read
+    from the rows' groups: one query)."""
+    listed: list[tuple[Any, ...]] = [tuple(row) for row in rows]
+    groups = {row[-2] for row in listed}
+    details: dict[int, list[Any] | None] = {}
+    if groups:
+        stmt = select(SnapshotFileGroup.id, SnapshotFileGroup.details).where(
+            SnapshotFileGroup.id.in_(groups)
+        )
+        details = {gid: notes for gid, notes in s.execute(stmt)}
+    out = []
+    for (sid, fid, path, size, checksum, shared, operator, subtask, start, end, created, used,
+         group, position) in listed:  # fmt: skip
+        notes = details.get(group)
+        note = notes[position] if notes else None
+        record = SnapshotFileRecord(
+            sid, fid, path, size, checksum, shared, operator, subtask, start, end, created, used,
+            note,
+        )  # fmt: skip
+        out.append(record)
+    return out
+
+
+def _count_references(snapshot_id: int) -> Select[int]:
+    """How many references the snapshot has to files the catalog knows."""
+    return (
+        select(func.count())
+        .select_from(Ref)
+        .join(File, File.id == Ref.c.file_id)
+        .where(Ref.c.snapshot_id == snapshot_id)
     )
 
 
@@ -1243,20 +1303,16 @@ def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
 
 
 # json.dumps(..., allow_nan=False) builds a new encoder per call; one shared encoder writes the
-# same text (attach_files serializes one details dict per file reference: tens of thousands)
-_encode_details = json.JSONEncoder(allow_nan=False).encode
+# same text (attach_files encodes a group's ids and details per group, thousands of values each)
+_encode = json.JSONEncoder(allow_nan=False).encode
 
 
 def _check_file_refs(
-    refs: list[FileRef],
-    parallelism: int,
-    max_parallelism: int,
-    details: dict[int, str] | None = None,
+    refs: list[FileRef], parallelism: int, max_parallelism: int
 ) -> dict[str, FileRef]:
     # Each check is inlined for the common valid case; the check_* helpers run only to word
     # the error (they accept what the fast tests accept, so they raise exactly when needed).
     by_path: dict[str, FileRef] = {}
-    details = {} if details is None else details
     top = max_parallelism - 1
     for ref in refs:
         path, size, subtask = ref.path, ref.size, ref.subtask
@@ -1276,12 +1332,6 @@ def _check_file_refs(
                 check_int(start, f"key_group_start of {path}", 0, top)
             if type(end) is not int or not start <= end <= top:
                 check_int(end, f"key_group_end of {path}", start, top)
-        if ref.details is not None:
-            try:
-                # serialized once here and reused by the insert (attach_files is a hot path)
-                details[id(ref)] = _encode_details(ref.details)
-            except (TypeError, ValueError):
-                as_json(ref.details, f"details of {path}")
         prev = by_path.setdefault(path, ref)
         if prev is not ref and (prev.size, prev.checksum, prev.shared) != (
             size,
@@ -1293,6 +1343,41 @@ def _check_file_refs(
                 "one path is one file"
             )
     return by_path
+
+
+def _file_groups(
+    refs: list[FileRef], path_ids: dict[str, int], op_ids: dict[str, int]
+) -> list[tuple[tuple[Any, ...], tuple[str, str | None]]]:
+    """The references as sk_snapshot_file_groups rows: per (operator id, subtask, key-group
+    start and end, foreign) in the order first seen, the JSON of its file ids and of their
+    details (None when no reference has any), each in the order of ``refs``."""
+    groups: dict[tuple[Any, ...], tuple[list[int], list[FileRef]]] = {}
+    for r in refs:
+        key = (
+            op_ids[r.operator] if r.operator else None,
+            r.subtask,
+            r.key_group_start,
+            r.key_group_end,
+            r.foreign,
+        )
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ([], [])
+        group[0].append(path_ids[r.path])
+        group[1].append(r)
+    out = []
+    for key, (ids, members) in groups.items():
+        notes = [r.details for r in members]
+        text = None
+        if any(n is not None for n in notes):
+            try:
+                text = _encode(notes)
+            except (TypeError, ValueError):
+                for r in members:  # which one: as_json names it and says what is wrong
+                    as_json(r.details, f"details of {r.path}")
+                raise
+        out.append((key, (_encode(ids), text)))
+    return out
 
 
 def _check_reused_known(refs: list[FileRef], known: set[str], snap_id: int) -> None:

@@ -1,4 +1,4 @@
-"""The views the first migration creates, as typed selectables for the repository's queries."""
+"""The catalog's views, as typed selectables for the repository's queries."""
 
 from __future__ import annotations
 
@@ -29,6 +29,21 @@ state_size = table(
     column("files", BigInteger),
     column("bytes", BigInteger),
     column("shared_bytes", BigInteger),
+)
+
+#: A row per reference of a snapshot to a file: sk_snapshot_file_groups unnested (migration 0006;
+#: a table before it). A dead snapshot's reference to a forgotten file has no sk_files row.
+references = table(
+    "sk_snapshot_files",
+    column("group_id", BigInteger),
+    column("position", Integer),
+    column("snapshot_id", Integer),
+    column("file_id", BigInteger),
+    column("operator_id", Integer),
+    column("subtask", Integer),
+    column("key_group_start", Integer),
+    column("key_group_end", Integer),
+    column("foreign_file", Boolean),
 )
 
 snapshot_files = table(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +12,8 @@ from hypothesis import strategies as st
 from sqlalchemy import event, func, select
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
-from state_engine.catalog.models import RETAINED_STATUSES, File, Snapshot, SnapshotFile
+from state_engine.catalog.models import RETAINED_STATUSES, File, Snapshot
+from state_engine.catalog.views import references as ref
 from state_engine.errors import FileAlreadyRegistered, InvalidCatalogInput, ReusedFileMissing
 
 
@@ -247,7 +249,7 @@ def test_releasable_files_are_exactly_those_no_retained_snapshot_uses(
             assert type(exc).__name__ in ("InvalidSnapshotTransition",), exc
     with catalog._read() as s:
         job_id = catalog.get_job(job).id
-        live = select(SnapshotFile.file_id).join(Snapshot, Snapshot.id == SnapshotFile.snapshot_id)
+        live = select(ref.c.file_id).join(Snapshot, Snapshot.id == ref.c.snapshot_id)
         live = live.where(Snapshot.status.in_(RETAINED_STATUSES), Snapshot.job_id == job_id)
         expected = set(
             s.scalars(
@@ -258,9 +260,9 @@ def test_releasable_files_are_exactly_those_no_retained_snapshot_uses(
         )
         refs = dict(
             s.execute(
-                select(File.path, func.count(func.distinct(SnapshotFile.snapshot_id)))
-                .join(SnapshotFile, SnapshotFile.file_id == File.id)
-                .join(Snapshot, Snapshot.id == SnapshotFile.snapshot_id)
+                select(File.path, func.count(func.distinct(ref.c.snapshot_id)))
+                .join(ref, ref.c.file_id == File.id)
+                .join(Snapshot, Snapshot.id == ref.c.snapshot_id)
                 .where(File.job_id == job_id, Snapshot.status.in_(RETAINED_STATUSES))
                 .group_by(File.path)
             ).all()
@@ -348,7 +350,7 @@ def test_forgetting_locks_the_rows_a_concurrent_attach_would_reference(
     seen: list[str] = []
 
     def before_delete(conn, cursor, statement, params, context, executemany) -> None:  # type: ignore[no-untyped-def]
-        if seen or not statement.lstrip().upper().startswith("DELETE FROM SK_SNAPSHOT_FILES"):
+        if seen or not statement.lstrip().upper().startswith("DELETE FROM SK_FILES"):
             return
         with psycopg.connect(dsn) as other:  # another session, as a running job's attach
             try:
@@ -368,3 +370,80 @@ def test_forgetting_locks_the_rows_a_concurrent_attach_would_reference(
     # the attach that waited finds the row gone and refuses the reference
     with pytest.raises(ReusedFileMissing):
         catalog.attach_files(second, [FileRef(sst.path, 500, "c1", shared=True, reused=True)])
+
+
+def test_references_keep_their_details_order_and_subtasks_whatever_the_grouping(
+    catalog: Catalog,
+) -> None:
+    """References are stored a group per operator subtask and key-group range: each still reads
+    back with its own details, and a file two subtasks read is two references."""
+    sid = _snapshot(catalog)
+    refs = [
+        FileRef("/o/shared/b.sst", 5, shared=True, operator="agg", subtask=1,
+                key_group_start=64, key_group_end=127, details={"local_path": "000002.sst"}),
+        FileRef("/o/shared/a.sst", 5, shared=True, operator="agg", subtask=0,
+                key_group_start=0, key_group_end=63, details={"local_path": "000001.sst"}),
+        FileRef("/o/shared/a.sst", 5, shared=True, operator="agg", subtask=1,
+                key_group_start=64, key_group_end=127),
+        FileRef("/o/chk-1/MANIFEST", 9, operator="agg", subtask=0,
+                key_group_start=0, key_group_end=63, details={"role": "private", "n": [1, 2]}),
+        FileRef("/o/chk-1/_metadata", 3),
+    ]  # fmt: skip
+    assert catalog.attach_files(sid, refs) == 5
+    got = [
+        (f.path, f.operator, f.subtask, f.key_group_start, f.key_group_end, f.details)
+        for f in catalog.snapshot_files(sid)
+    ]
+    assert sorted(got, key=repr) == sorted(
+        [
+            (r.path, r.operator, r.subtask, r.key_group_start, r.key_group_end, r.details)
+            for r in refs
+        ],
+        key=repr,
+    )
+    page = catalog.snapshot_files_page(sid, limit=2, offset=1)
+    assert page.total == 5
+    assert [f.path for f in page.items] == [f.path for f in catalog.snapshot_files(sid)][1:3]
+    summary = catalog.snapshot_files_summary(sid)
+    assert (summary.references, summary.files, summary.bytes) == (5, 4, 5 + 5 + 9 + 3)
+    catalog.complete_snapshot(sid, 0)
+    assert catalog.get_snapshot(sid).bytes == 22  # each file once
+
+
+def test_forgetting_a_file_takes_it_out_of_the_dead_snapshots_references(catalog: Catalog) -> None:
+    """A forgotten file leaves no reference behind: a new file that gets its id (SQLite hands
+    out the highest id again) is not referenced by the dead snapshot, nor by another job's dead
+    snapshot that referenced it as foreign."""
+    first = _snapshot(catalog)
+    own = FileRef("/o/chk-1/own", 10, operator="agg", details={"role": "private"})
+    shared = FileRef("/o/shared/1.sst", 5, shared=True, operator="agg")
+    catalog.attach_files(first, [shared, own])
+    catalog.complete_snapshot(first, 0)
+    child = _snapshot(catalog, "child")
+    catalog.attach_files(child, [replace(shared, foreign=True)])
+    catalog.complete_snapshot(child, 0)
+    catalog.discard_snapshot(child)
+    catalog.discard_snapshot(first)
+    token = catalog.acquire_lease("files", "expire", 60)
+    assert catalog.forget_files("orders", [own.path], lease="files", token=token) == 1
+    assert [f.path for f in catalog.snapshot_files(first)] == [shared.path]
+    assert catalog.forget_files("orders", [shared.path], lease="files", token=token) == 1
+    assert catalog.snapshot_files(first) == catalog.snapshot_files(child) == []
+    with catalog._read() as s:
+        assert s.scalar(select(func.count()).select_from(ref)) == 0
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    catalog.attach_files(second, [FileRef("/o/chk-2/own", 10, operator="agg")])
+    assert [f.path for f in catalog.snapshot_files(second)] == ["/o/chk-2/own"]
+    assert catalog.snapshot_files(first) == catalog.snapshot_files(child) == []
+
+
+def test_details_that_are_not_json_name_the_reference_and_attach_nothing(catalog: Catalog) -> None:
+    sid = _snapshot(catalog)
+    refs = [
+        FileRef("/o/shared/1.sst", 5, shared=True, operator="agg", details={"ok": 1}),
+        FileRef("/o/shared/2.sst", 5, shared=True, operator="agg", details={"bad": {1, 2}}),
+    ]
+    with pytest.raises(InvalidCatalogInput, match="/o/shared/2.sst"):
+        catalog.attach_files(sid, refs)
+    assert catalog.snapshot_files(sid) == []
+    assert catalog.known_paths("orders") == set()

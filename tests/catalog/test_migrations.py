@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import JSON, create_engine, inspect, text
 from sqlalchemy.pool import StaticPool
 
 from state_engine.catalog import (
@@ -235,3 +236,141 @@ def test_migrations_leave_sqlite_foreign_keys_enforced(tmp_path: Path) -> None:
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     finally:
         engine.dispose()
+
+
+def test_0006_groups_every_reference_and_a_downgrade_unnests_them(empty_url: str) -> None:
+    """Revision 0006 moves sk_snapshot_files rows into groups per snapshot, operator subtask and
+    key-group range: every reference reads back with its subtask, range and details, another
+    job's reference stays a reference elsewhere, and a downgrade gives the rows back."""
+    upgrade(empty_url, "0005")
+    engine = create_engine(parse_url(empty_url))
+    now = "2026-11-28 10:00:00"
+
+    def insert(conn, sql: str, **params: object) -> int:  # type: ignore[no-untyped-def]
+        return int(conn.execute(text(sql + " RETURNING id"), params).scalar_one())
+
+    # (snapshot, file, subtask, key groups, details): snapshot 2 is job "b"'s, its reference
+    # to job "a"'s shared file a foreign one
+    refs = [
+        (1, "a.sst", 0, (0, 3), '{"local_path": "000001.sst"}'),
+        (1, "own", 0, (0, 3), None),
+        (1, "a.sst", 1, (4, 7), '{"local_path": "000001.sst"}'),
+        (2, "a.sst", None, None, None),
+    ]
+    try:
+        with engine.begin() as conn:
+            jobs = {
+                name: insert(
+                    conn,
+                    "INSERT INTO sk_jobs (name, max_parallelism, properties, created_at, origin) "
+                    "VALUES (:name, 8, '{}', :now, 'flink')",
+                    name=name,
+                    now=now,
+                )
+                for name in ("a", "b")
+            }
+            op_id = insert(
+                conn,
+                "INSERT INTO sk_operators (job_id, uid, created_at) VALUES (:job, 'agg', :now)",
+                job=jobs["a"],
+                now=now,
+            )
+            snaps = {
+                n: insert(
+                    conn,
+                    "INSERT INTO sk_snapshots (job_id, checkpoint_id, kind, format, status, "
+                    "parallelism, max_parallelism, location, bytes, entries, created_at, "
+                    "trigger, version) VALUES (:job, :n, 'CHECKPOINT', 'NATIVE', 'COMPLETED', "
+                    "2, 8, :loc, 0, 0, :now, 'import', 0)",
+                    job=jobs["a" if n == 1 else "b"],
+                    n=n,
+                    loc=f"file:///s/{n}",
+                    now=now,
+                )
+                for n in (1, 2)
+            }
+            files = {
+                name: insert(
+                    conn,
+                    "INSERT INTO sk_files (job_id, path, size, shared, live_refs, created_at, "
+                    "created_by_snapshot_id) VALUES (:job, :path, 3, :shared, :refs, :now, :sid)",
+                    job=jobs["a"],
+                    path=f"file:///a/{name}",
+                    shared=name == "a.sst",
+                    refs=2 if name == "a.sst" else 1,
+                    now=now,
+                    sid=snaps[1],
+                )
+                for name in ("a.sst", "own")
+            }
+            for n, name, subtask, kgs, details in refs:
+                conn.execute(
+                    text(
+                        "INSERT INTO sk_snapshot_files (snapshot_id, file_id, operator_id, "
+                        "subtask, key_group_start, key_group_end, details) VALUES "
+                        "(:sid, :fid, :op, :subtask, :start, :end, "
+                        f"{'NULL' if details is None else ':details'})"
+                    ),
+                    {
+                        "sid": snaps[n],
+                        "fid": files[name],
+                        "op": op_id if n == 1 else None,
+                        "subtask": subtask,
+                        "start": kgs and kgs[0],
+                        "end": kgs and kgs[1],
+                        "details": details,
+                    },
+                )
+    finally:
+        engine.dispose()
+
+    def expected(n: int) -> list[tuple[object, ...]]:
+        return sorted(
+            (f"file:///a/{name}", subtask, kgs, None if d is None else json.loads(d))
+            for m, name, subtask, kgs, d in refs
+            if m == n
+        )
+
+    upgrade(empty_url)
+    with Catalog.open(empty_url) as cat:
+        for n in (1, 2):
+            got = sorted(
+                (
+                    f.path,
+                    f.subtask,
+                    None if f.key_group_start is None else (f.key_group_start, f.key_group_end),
+                    f.details,
+                )
+                for f in cat.snapshot_files(snaps[n])
+            )
+            assert got == expected(n)
+        assert cat.paths_referenced_elsewhere("a") == {"file:///a/a.sst"}
+        assert cat.paths_referenced_elsewhere("b") == set()
+        with cat.engine.connect() as conn:
+            assert conn.execute(text("SELECT COUNT(*) FROM sk_v_snapshot_files")).scalar() == 4
+    downgrade(empty_url, "0005")
+    engine = create_engine(parse_url(empty_url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT snapshot_id, file_id, subtask, key_group_start, key_group_end, "
+                    "details FROM sk_snapshot_files"
+                ).columns(details=JSON)
+            ).all()
+    finally:
+        engine.dispose()
+    assert sorted(rows, key=repr) == sorted(
+        [
+            (
+                snaps[n],
+                files[name],
+                subtask,
+                kgs and kgs[0],
+                kgs and kgs[1],
+                None if d is None else json.loads(d),
+            )
+            for n, name, subtask, kgs, d in refs
+        ],
+        key=repr,
+    )

@@ -785,18 +785,19 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
 
     def path_owners(self, paths: Iterable[str]) -> dict[str, str]:
         """The job that holds each of ``paths`` the catalog knows (path -> job name); one
-        indexed lookup per chunk of paths."""
-        wanted = sorted(set(paths))
-        out: dict[str, str] = {}
+        indexed lookup of all of them."""
+        wanted = list(set(paths))
+        if not wanted:
+            return {}
         with self._read() as s:
-            for part in chunks(wanted):
-                rows = s.execute(
-                    select(File.path, Job.name)
-                    .join(Job, Job.id == File.job_id)
-                    .where(File.path.in_(part))
-                )
-                out.update((path, name) for path, name in rows)
-        return out
+            bulk = Bulk(s.connection())
+            where, values = bulk.in_list("f.path", wanted)
+            rows = bulk.select(
+                f"SELECT f.path, j.name FROM sk_files f JOIN sk_jobs j ON j.id = f.job_id "
+                f"WHERE {where}",
+                (values,),
+            )
+            return {path: name for path, name in rows}
 
     def paths_referenced_elsewhere(self, job: str | int) -> set[str]:
         """Paths of ``job``'s files that retained snapshots of other jobs reference (a Flink job

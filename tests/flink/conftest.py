@@ -1,7 +1,8 @@
-"""Flink fixtures: the two real Flink 2.3 snapshot archives, extracted once per test session.
+"""Flink fixtures: the two real Flink 2.3 snapshot archives, extracted once per test session, and
+the small one of Flink 1.20 in ``data/flink-1.20``.
 
 ``flink_fixtures`` is a read-only tree (never modify it); tests that delete or plant files take a
-private copy with ``flink_copy``. The archives stay in ``/work/shared/flink`` (or
+private copy with ``flink_copy``. The 2.3 archives stay in ``/work/shared/flink`` (or
 ``STATEKEEPER_FLINK_FIXTURES``); they are never copied into the repository.
 """
 
@@ -77,6 +78,20 @@ def flink_fixtures(tmp_path_factory: pytest.TempPathFactory) -> FlinkFixtures:
     _extract(ARCHIVE_DIR / JAVA_ARCHIVE, root / "java")
     _extract(ARCHIVE_DIR / PYFLINK_ARCHIVE, root / "pyflink")
     return FlinkFixtures(root, root / "java" / "flink-java-dev", root / "pyflink")
+
+
+#: A PyFlink job's snapshots written by Flink 1.20.5 (``_metadata`` version 4), 100 KB: see its
+#: job.py for what the keyed state holds.
+FLINK_120 = Path(__file__).parent / "data" / "flink-1.20"
+
+
+@pytest.fixture(scope="session")
+def flink_120(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Flink 1.20 tree (read-only): ``rocksdb/`` and ``hashmap/``, each with
+    ``checkpoints/<job-id>``, ``savepoints-canonical/`` and ``savepoints-native/``."""
+    root = tmp_path_factory.mktemp("flink-1.20")
+    _extract(FLINK_120 / "snapshots.tar.gz", root)
+    return root
 
 
 @pytest.fixture

@@ -31,13 +31,17 @@ VERSION_TABLE = "statekeeper_alembic_version"
 
 
 def _migrations_dir() -> Path:
-    """Alembic's scripts: the package ``statekeeper_migrations`` (``migrations/`` shipped in the
-    wheel, or the checkout's own through an editable install), else ``migrations/`` next to
-    ``state_engine/`` (a checkout on sys.path with nothing installed)."""
+    """Alembic's scripts for the code that is running: ``migrations/`` next to the imported
+    ``state_engine/`` (a checkout, installed editable or only on sys.path: an older tree run
+    beside this one gets its own revisions), else the package ``statekeeper_migrations`` (the
+    ``migrations/`` a wheel ships)."""
+    beside = Path(state_engine.__file__).resolve().parent.parent / "migrations"
+    if (beside / "env.py").is_file():
+        return beside
     spec = importlib.util.find_spec("statekeeper_migrations")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations))).resolve()
-    return Path(state_engine.__file__).resolve().parent.parent / "migrations"
+    return beside
 
 
 MIGRATIONS_DIR = _migrations_dir()

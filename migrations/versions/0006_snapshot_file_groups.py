@@ -91,6 +91,11 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_sk_snapshot_file_groups")),
     )
     op.create_index(op.f("ix_sk_snapshot_file_groups_snapshot_id"), GROUPS, ["snapshot_id"])
+    op.create_index(
+        op.f("ix_sk_snapshot_file_groups_foreign_files_snapshot_id"),
+        GROUPS,
+        ["foreign_files", "snapshot_id"],
+    )
     _insert_groups(bind, _groups(bind))
     op.drop_index(op.f("ix_sk_snapshot_files_snapshot_id"), table_name="sk_snapshot_files")
     op.drop_index(op.f("ix_sk_snapshot_files_file_id"), table_name="sk_snapshot_files")
@@ -133,6 +138,7 @@ def downgrade() -> None:
     op.create_index(op.f("ix_sk_snapshot_files_file_id"), "sk_snapshot_files", ["file_id"])
     op.create_index(op.f("ix_sk_snapshot_files_snapshot_id"), "sk_snapshot_files", ["snapshot_id"])
     _insert_rows(bind)
+    op.drop_index(op.f("ix_sk_snapshot_file_groups_foreign_files_snapshot_id"), table_name=GROUPS)
     op.drop_index(op.f("ix_sk_snapshot_file_groups_snapshot_id"), table_name=GROUPS)
     op.drop_table(GROUPS)
     _create_views(DEPENDENT_VIEWS)

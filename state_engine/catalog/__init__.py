@@ -14,6 +14,7 @@ from state_engine.catalog.migrate import (
     upgrade,
 )
 from state_engine.catalog.records import (
+    FileGroup,
     FileRecord,
     FileRef,
     FilesSummary,
@@ -36,6 +37,7 @@ __all__ = [
     "VERSION_TABLE",
     "Catalog",
     "FileRecord",
+    "FileGroup",
     "FileRef",
     "FilesSummary",
     "JobRecord",

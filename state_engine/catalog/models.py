@@ -221,6 +221,8 @@ class SnapshotFileGroup(Base):
     """
 
     __tablename__ = "sk_snapshot_file_groups"
+    # forgetting a file looks for it in other jobs' dead snapshots through their foreign groups
+    __table_args__ = (Index(None, "foreign_files", "snapshot_id"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     snapshot_id: Mapped[int] = mapped_column(

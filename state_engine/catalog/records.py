@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -95,6 +96,31 @@ class FileRef:
     key_group_start: int | None = None
     key_group_end: int | None = None
     details: dict[str, Any] | None = None
+    reused: bool = False
+    foreign: bool = False
+    grows: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FileGroup:
+    """Files one snapshot references for one operator subtask and key-group range, as columns:
+    the bulk form of :class:`FileRef` (``attach_files`` takes both, and stores references this
+    way). ``paths`` and ``sizes`` are position for position, and so are ``shared``,
+    ``checksums`` and ``details`` where given as sequences (``shared`` may also be one flag for
+    all); the range and the ``reused``, ``foreign`` and ``grows`` flags are every file's, as a
+    FileRef of each would give them. A RocksDB checkpoint's shared SSTs of one subtask are one
+    group: thousands of files, no object per file.
+    """
+
+    paths: Sequence[str]
+    sizes: Sequence[int]
+    shared: Sequence[bool] | bool = False
+    checksums: Sequence[str | None] | None = None
+    details: Sequence[dict[str, Any] | None] | None = None
+    operator: str | None = None
+    subtask: int | None = None
+    key_group_start: int | None = None
+    key_group_end: int | None = None
     reused: bool = False
     foreign: bool = False
     grows: bool = False

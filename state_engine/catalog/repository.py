@@ -55,6 +55,7 @@ from state_engine.catalog.models import (
 )
 from state_engine.catalog.readonly import run_readonly
 from state_engine.catalog.records import (
+    FileGroup,
     FileRecord,
     FileRef,
     FilesSummary,
@@ -432,28 +433,30 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             )
             return [_snapshot(snap, job) for snap, job in rows]
 
-    def attach_files(self, snapshot_id: int, files: Iterable[FileRef]) -> int:
-        """Attach files to a PENDING snapshot in a few bulk statements; returns how many.
+    def attach_files(self, snapshot_id: int, files: Iterable[FileRef | FileGroup]) -> int:
+        """Attach files to a PENDING snapshot in a few bulk statements; returns how many
+        references it attached (a FileGroup counts its files).
 
         A new path is registered as created by this snapshot. A shared path already known (to this
         job) gets this snapshot as its last user. An exclusive path already registered by another
         snapshot is refused with FileAlreadyRegistered, a ``reused`` path the catalog no longer
         knows (deleted since the snapshot it came from) with ReusedFileMissing; nothing of a
         refused call is kept. A ``foreign`` path another job holds is referenced as that job's
-        file (its live references count this snapshot too).
+        file (its live references count this snapshot too). A path given twice is one file (the
+        first gives its flags; another size, checksum or shared flag is refused).
         """
-        refs = list(files)
-        if not refs:
+        groups = _as_groups(files)
+        if not groups:
             return 0
         with self._write() as s:
             snap = self._lock_snapshot(s, snapshot_id, (SnapshotStatus.PENDING,), "attach files to")
             # Plain ints: an ORM attribute read per row would cost more than the row's insert.
             snap_id, job_id = snap.id, snap.job_id
-            by_path = _check_file_refs(refs, snap.parallelism, snap.max_parallelism)
-            op_ids = self._operator_ids(s, job_id, {r.operator for r in refs if r.operator})
+            first = _check_file_groups(groups, snap.parallelism, snap.max_parallelism)
+            op_ids = self._operator_ids(s, job_id, {g.operator for g in groups if g.operator})
             bulk = Bulk(s.connection())
             m = bulk.mark
-            where, paths = bulk.in_list("path", list(by_path))
+            where, paths = bulk.in_list("path", list(first))
             # Locked on PostgreSQL: a concurrent forget_files (expire, orphan cleanup) either
             # waits for this transaction and sees the new reference, or deletes the row first
             # and this call refuses the reused path (SQLite's writer lock serialises the two).
@@ -462,16 +465,16 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 f"FROM sk_files WHERE {where}{' FOR UPDATE' if bulk.postgres else ''}",
                 (paths,),
             )
-            _check_reused_known(refs, {row[0] for row in existing}, snap_id)
+            _check_reused_known(groups, {row[0] for row in existing}, snap_id)
             path_ids: dict[str, int] = {}
             reused: list[int] = []
             longer: list[tuple[int, int]] = []  # (file id, size) of files that grew
             for path, fid, file_job_id, size, checksum, created_by in existing:
-                ref = by_path[path]
-                _check_reuse(ref, snap_id, job_id, fid, file_job_id, size, checksum, created_by)
+                g, i = first[path]
+                _check_reuse(g, i, snap_id, job_id, fid, file_job_id, size, checksum, created_by)
                 path_ids[path] = fid
-                if ref.grows and ref.size > size:
-                    longer.append((fid, ref.size))
+                if g.grows and g.sizes[i] > size:
+                    longer.append((fid, g.sizes[i]))
                 if created_by != snap_id:
                     reused.append(fid)
             if reused:
@@ -494,7 +497,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     )
             for fid, size in longer:  # a growing file: what the snapshots need of it, at most
                 bulk.execute(f"UPDATE sk_files SET size = {m} WHERE id = {m}", (size, fid))
-            new = [(path, ref) for path, ref in by_path.items() if path not in path_ids]
+            new = [(path, g, i) for path, (g, i) in first.items() if path not in path_ids]
             new_ids = bulk.allocate_ids(File.__tablename__, len(new))
             stamp = bulk.bind(File.__table__.c.created_at, self.now())
             bulk.insert_many(
@@ -516,18 +519,18 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         fid,
                         job_id,
                         path,
-                        ref.size,
-                        ref.checksum,
-                        bool(ref.shared),
+                        g.sizes[i],
+                        None if g.checksums is None else g.checksums[i],
+                        g.shared if type(g.shared) is bool else bool(g.shared[i]),
                         snap_id,
                         snap_id,
                         1,
                         stamp,
                     )
-                    for fid, (path, ref) in zip(new_ids, new, strict=True)
+                    for fid, (path, g, i) in zip(new_ids, new, strict=True)
                 ],  # fmt: skip
             )
-            path_ids.update((path, fid) for fid, (path, _) in zip(new_ids, new, strict=True))
+            path_ids.update((path, fid) for fid, (path, _, _) in zip(new_ids, new, strict=True))
             bulk.insert_many(
                 SnapshotFileGroup.__tablename__,
                 (
@@ -540,9 +543,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     "file_ids",
                     "details",
                 ),
-                [(snap_id, *key, *cols) for key, cols in _file_groups(refs, path_ids, op_ids)],
+                [(snap_id, *row) for row in _group_rows(groups, path_ids, op_ids)],
             )
-            return len(refs)
+            return sum(len(g.paths) for g in groups)
 
     def record_key_group_stats(self, snapshot_id: int, stats: Iterable[KeyGroupStatRow]) -> int:
         """Record rows and bytes per key group (one executemany); returns how many rows."""
@@ -887,14 +890,15 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             return
         bulk = Bulk(s.connection())
         where, ids = bulk.in_list("r.file_id", file_ids)
-        m = bulk.mark
+        dead = f"s.status NOT IN ({', '.join(repr(st) for st in RETAINED_STATUSES)})"
         groups = [
             gid
             for (gid,) in bulk.select(
-                f"SELECT DISTINCT r.group_id FROM {REFERENCES} r "
-                "JOIN sk_snapshots s ON s.id = r.snapshot_id "
-                f"WHERE (s.job_id = {m} OR r.foreign_file) AND {where}",
-                (job_id, ids),
+                f"SELECT r.group_id FROM {REFERENCES} r JOIN sk_snapshots s "
+                f"ON s.id = r.snapshot_id WHERE s.job_id = {bulk.mark} AND {dead} AND {where} "
+                f"UNION SELECT r.group_id FROM {REFERENCES} r JOIN sk_snapshots s "
+                f"ON s.id = r.snapshot_id WHERE r.foreign_file AND {dead} AND {where}",
+                (job_id, ids, ids),
             )
         ]
         gone = set(file_ids)
@@ -1308,81 +1312,146 @@ def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
 _encode = json.JSONEncoder(allow_nan=False).encode
 
 
-def _check_file_refs(
-    refs: list[FileRef], parallelism: int, max_parallelism: int
-) -> dict[str, FileRef]:
-    # Each check is inlined for the common valid case; the check_* helpers run only to word
-    # the error (they accept what the fast tests accept, so they raise exactly when needed).
-    by_path: dict[str, FileRef] = {}
+def _as_groups(files: Iterable[FileRef | FileGroup]) -> list[FileGroup]:
+    """``files`` as groups: FileGroups as they are, FileRefs gathered into a group per
+    operator, subtask, key-group range and flags, in the order first seen (each group's files
+    in the order given)."""
+    groups: list[FileGroup] = []
+    rows: dict[tuple[Any, ...], list[FileRef]] = {}
+    for f in files:
+        if isinstance(f, FileGroup):
+            if f.paths:
+                groups.append(f)
+            continue
+        key = (
+            f.operator,
+            f.subtask,
+            f.key_group_start,
+            f.key_group_end,
+            f.reused,
+            f.foreign,
+            f.grows,
+        )
+        refs = rows.get(key)
+        if refs is None:
+            refs = rows[key] = []
+        refs.append(f)
+    for (operator, subtask, start, end, reused, foreign, grows), refs in rows.items():
+        checksums = [r.checksum for r in refs]
+        details = [r.details for r in refs]
+        groups.append(
+            FileGroup(
+                [r.path for r in refs],
+                [r.size for r in refs],
+                [r.shared for r in refs],
+                None if all(c is None for c in checksums) else checksums,
+                None if all(d is None for d in details) else details,
+                operator,
+                subtask,
+                start,
+                end,
+                reused,
+                foreign,
+                grows,
+            )
+        )
+    return groups
+
+
+def _shared(g: FileGroup, i: int) -> bool:
+    return g.shared if type(g.shared) is bool else bool(g.shared[i])
+
+
+def _checksum(g: FileGroup, i: int) -> str | None:
+    return None if g.checksums is None else g.checksums[i]
+
+
+def _check_file_groups(
+    groups: list[FileGroup], parallelism: int, max_parallelism: int
+) -> dict[str, tuple[FileGroup, int]]:
+    """Check every group; each path -> (group, position) of its first mention.
+
+    The common valid case is checked a column at a time (in C: no Python call per file); the
+    check_* helpers run only to word the error for the file that fails."""
+    first: dict[str, tuple[FileGroup, int]] = {}
     top = max_parallelism - 1
-    for ref in refs:
-        path, size, subtask = ref.path, ref.size, ref.subtask
-        if type(path) is not str or not 0 < len(path) <= 10_000 or path.isspace():
-            check_name(path, "a file path", 10_000)
-        if type(size) is not int or size < 0:
-            check_int(size, f"the size of {path}", 0)
+    for g in groups:
+        paths, sizes, n = g.paths, g.sizes, len(g.paths)
+        for name, column in (("sizes", sizes), ("checksums", g.checksums), ("details", g.details)):
+            if column is not None and len(column) != n:
+                raise InvalidCatalogInput(
+                    f"a file group has {n} paths but {len(column)} {name}; give one per path"
+                )
+        if not isinstance(g.shared, bool) and len(g.shared) != n:
+            raise InvalidCatalogInput(
+                f"a file group has {n} paths but {len(g.shared)} shared flags; give one per path "
+                "or one for all"
+            )
+        if (
+            not set(map(type, paths)) <= {str}
+            or min(map(len, paths)) == 0
+            or max(map(len, paths)) > 10_000
+            or any(map(str.isspace, paths))
+        ):
+            for path in paths:
+                check_name(path, "a file path", 10_000)
+        if not set(map(type, sizes)) <= {int} or min(sizes) < 0:
+            for path, size in zip(paths, sizes, strict=True):
+                check_int(size, f"the size of {path}", 0)
+        where = paths[0]
+        subtask = g.subtask
         if subtask is not None and (type(subtask) is not int or not 0 <= subtask < parallelism):
-            check_int(subtask, f"the subtask of {path}", 0, parallelism - 1)
-        start, end = ref.key_group_start, ref.key_group_end
+            check_int(subtask, f"the subtask of {where}", 0, parallelism - 1)
+        start, end = g.key_group_start, g.key_group_end
         if start is not None or end is not None:
             if start is None or end is None:
                 raise InvalidCatalogInput(
-                    f"{path}: give both key_group_start and key_group_end, or neither"
+                    f"{where}: give both key_group_start and key_group_end, or neither"
                 )
             if type(start) is not int or not 0 <= start <= top:
-                check_int(start, f"key_group_start of {path}", 0, top)
+                check_int(start, f"key_group_start of {where}", 0, top)
             if type(end) is not int or not start <= end <= top:
-                check_int(end, f"key_group_end of {path}", start, top)
-        prev = by_path.setdefault(path, ref)
-        if prev is not ref and (prev.size, prev.checksum, prev.shared) != (
-            size,
-            ref.checksum,
-            ref.shared,
-        ):
-            raise InvalidCatalogInput(
-                f"{path} is listed twice with different size, checksum or shared flag; "
-                "one path is one file"
-            )
-    return by_path
+                check_int(end, f"key_group_end of {where}", start, top)
+        for i, path in enumerate(paths):
+            prev = first.get(path)
+            if prev is None:
+                first[path] = (g, i)
+            elif (prev[0].sizes[prev[1]], _checksum(*prev), _shared(*prev)) != (
+                sizes[i],
+                _checksum(g, i),
+                _shared(g, i),
+            ):
+                raise InvalidCatalogInput(
+                    f"{path} is listed twice with different size, checksum or shared flag; "
+                    "one path is one file"
+                )
+    return first
 
 
-def _file_groups(
-    refs: list[FileRef], path_ids: dict[str, int], op_ids: dict[str, int]
-) -> list[tuple[tuple[Any, ...], tuple[str, str | None]]]:
-    """The references as sk_snapshot_file_groups rows: per (operator id, subtask, key-group
-    start and end, foreign) in the order first seen, the JSON of its file ids and of their
-    details (None when no reference has any), each in the order of ``refs``."""
-    groups: dict[tuple[Any, ...], tuple[list[int], list[FileRef]]] = {}
-    for r in refs:
-        key = (
-            op_ids[r.operator] if r.operator else None,
-            r.subtask,
-            r.key_group_start,
-            r.key_group_end,
-            r.foreign,
-        )
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = ([], [])
-        group[0].append(path_ids[r.path])
-        group[1].append(r)
+def _group_rows(
+    groups: list[FileGroup], path_ids: dict[str, int], op_ids: dict[str, int]
+) -> list[tuple[Any, ...]]:
+    """The groups as sk_snapshot_file_groups rows (without the snapshot id): operator id,
+    subtask, key-group start and end, foreign, the JSON of the file ids and of their details
+    (None when no file has any)."""
     out = []
-    for key, (ids, members) in groups.items():
-        notes = [r.details for r in members]
+    for g in groups:
         text = None
-        if any(n is not None for n in notes):
+        if g.details is not None and any(d is not None for d in g.details):
             try:
-                text = _encode(notes)
+                text = _encode(list(g.details))
             except (TypeError, ValueError):
-                for r in members:  # which one: as_json names it and says what is wrong
-                    as_json(r.details, f"details of {r.path}")
+                for path, d in zip(g.paths, g.details, strict=True):  # which one: as_json says
+                    as_json(d, f"details of {path}")
                 raise
-        out.append((key, (_encode(ids), text)))
+        ids = _encode([path_ids[p] for p in g.paths])
+        operator = op_ids[g.operator] if g.operator else None
+        out.append((operator, g.subtask, g.key_group_start, g.key_group_end, g.foreign, ids, text))
     return out
 
 
-def _check_reused_known(refs: list[FileRef], known: set[str], snap_id: int) -> None:
-    gone = [r.path for r in refs if r.reused and r.path not in known]
+def _check_reused_known(groups: list[FileGroup], known: set[str], snap_id: int) -> None:
+    gone = [p for g in groups if g.reused for p in g.paths if p not in known]
     if gone:
         raise ReusedFileMissing(
             f"snapshot {snap_id} reuses {len(gone)} file(s) of earlier snapshots that the "
@@ -1393,7 +1462,8 @@ def _check_reused_known(refs: list[FileRef], known: set[str], snap_id: int) -> N
 
 
 def _check_reuse(
-    ref: FileRef,
+    g: FileGroup,
+    i: int,
     snap_id: int,
     snap_job_id: int,
     fid: int,
@@ -1402,22 +1472,22 @@ def _check_reuse(
     checksum: str | None,
     created_by: int | None,
 ) -> None:
-    if job_id != snap_job_id and not ref.foreign:
+    path, ref_size, ref_checksum = g.paths[i], g.sizes[i], _checksum(g, i)
+    if job_id != snap_job_id and not g.foreign:
         raise FileAlreadyRegistered(
-            f"{ref.path} is already registered to another job (file {fid}); a file belongs to "
+            f"{path} is already registered to another job (file {fid}); a file belongs to "
             "one job: write this snapshot's files under its own job's directory (a file of "
             "another job is referenced only as foreign)"
         )
-    if (size != ref.size and not ref.grows) or (
-        checksum and ref.checksum and checksum != ref.checksum
-    ):
+    changed = checksum and ref_checksum and checksum != ref_checksum
+    if (size != ref_size and not g.grows) or changed:
         raise FileAlreadyRegistered(
-            f"{ref.path} is already registered with size {size} and checksum {checksum}, not "
-            f"{ref.size} / {ref.checksum}; file names are never reused: write it under a new name"
+            f"{path} is already registered with size {size} and checksum {checksum}, not "
+            f"{ref_size} / {ref_checksum}; file names are never reused: write it under a new name"
         )
-    if created_by != snap_id and not (ref.shared or ref.foreign):
+    if created_by != snap_id and not (_shared(g, i) or g.foreign):
         raise FileAlreadyRegistered(
-            f"{ref.path} is already registered by snapshot {created_by}; a file exclusive to one "
+            f"{path} is already registered by snapshot {created_by}; a file exclusive to one "
             f"snapshot cannot be attached to snapshot {snap_id}: attach it as shared, or write "
             "a new file under a new name"
         )

@@ -43,7 +43,7 @@ import struct
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+from state_engine.catalog import Catalog, FileGroup, KeyGroupStatRow
 from state_engine.catalog.records import JobRecord, SnapshotRecord
 from state_engine.checkpoint.storage import FileStore
 from state_engine.collector import collector_paused
@@ -243,20 +243,21 @@ def operator_key(uid: str, operator_id: str) -> str:
     return uid or operator_id
 
 
-def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
-    """Catalog file references of one snapshot: ``_metadata`` and every on-disk file.
+def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup]:
+    """Catalog file references of one snapshot, ``_metadata`` and every on-disk file, as
+    groups: one per operator subtask and key-group range (and foreign or not), as the handles
+    give them (a RocksDB handle's thousands of shared files are one group, no object each).
 
     A file is a physical file: the ranges of one (file merging, a changelog) are one reference, see
     :func:`_physical_file_ref`."""
     to_url = store.url_of
-    refs = [
-        FileRef(
-            path=to_url(meta.metadata_path),
-            size=meta.metadata_size,
-            details={"role": "metadata", "kind": "exclusive"},
+    groups = [
+        FileGroup(
+            [to_url(meta.metadata_path)],
+            [meta.metadata_size],
+            details=[{"role": "metadata", "kind": "exclusive"}],
         )
     ]
-    add = refs.append  # the loop runs once per handle: tens of thousands
     operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
     references = meta.references()
     # files whose handles give ranges, not the file's size: file merging's segments, a
@@ -267,7 +268,15 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
         if r.handle.location is not None and (r.handle.type == SEGMENT or r.role == ROLE_CHANGELOG)
     }
     physical: dict[str, list[FileReference]] = {}
-    for r in references:
+    # (operator, subtask, key groups, foreign) -> the group's columns: paths, sizes, shared,
+    # details; the references of one handle come in a row, so the last key is checked first
+    columns: dict[tuple[Any, ...], tuple[list[Any], list[Any], list[Any], list[Any]]] = {}
+    last_key: tuple[Any, ...] | None = None
+    paths: list[str] = []
+    sizes: list[int] = []
+    shared: list[bool] = []
+    notes: list[dict[str, Any]] = []
+    for r in references:  # once per handle: tens of thousands
         h = r.handle
         location = h.location
         if location is None:
@@ -275,8 +284,24 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
         if location in ranged:
             physical.setdefault(location, []).append(r)
             continue
-        role = r.role
-        details: dict[str, Any] = {"role": role, "kind": h.kind}
+        role, kind = r.role, h.kind
+        kg = r.key_groups
+        # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
+        # job's file, if the catalog has that job, and used by more than this snapshot
+        foreign = kind == KIND_FOREIGN
+        key = (
+            r.operator_id,
+            r.subtask,
+            kg if kg is not None and kg.start <= kg.end else None,  # a non-empty range
+            foreign,
+        )
+        if key != last_key:
+            cols = columns.get(key)
+            if cols is None:
+                cols = columns[key] = ([], [], [], [])
+            paths, sizes, shared, notes = cols
+            last_key = key
+        details: dict[str, Any] = {"role": role, "kind": kind}
         if r.local_path:
             details["local_path"] = r.local_path
         if h.relocated:  # where Flink wrote it, when that is not where it is
@@ -284,44 +309,44 @@ def file_refs(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileRef]:
             details["flink_path"] = h.name
         if h.type not in ("file", "relative"):
             details["handle"] = h.type
-        kg = r.key_groups
-        kg_start = kg_end = None
-        if kg is not None and kg.start <= kg.end:  # a non-empty range
-            kg_start, kg_end = kg.start, kg.end
-        # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
-        # job's file, if the catalog has that job, and used by more than this snapshot
-        foreign = h.kind == KIND_FOREIGN
-        add(
-            FileRef(
-                path=to_url(location),
-                size=h.size,
-                # shared state, and anything the task managers own: a changelog backend's
-                # materialized state in taskowned/ serves every checkpoint until the next one
-                shared=role == ROLE_SHARED or foreign or h.kind == KIND_TASKOWNED,
+        paths.append(to_url(location))
+        sizes.append(h.size)
+        # shared state, and anything the task managers own: a changelog backend's
+        # materialized state in taskowned/ serves every checkpoint until the next one
+        shared.append(role == ROLE_SHARED or foreign or kind == KIND_TASKOWNED)
+        notes.append(details)
+    for (operator_id, subtask, kg, foreign), (paths, sizes, shared, notes) in columns.items():
+        groups.append(
+            FileGroup(
+                paths,
+                sizes,
+                shared,
+                details=notes,
+                operator=operators.get(operator_id, operator_id),
+                subtask=subtask if subtask >= 0 else None,
+                key_group_start=None if kg is None else kg.start,
+                key_group_end=None if kg is None else kg.end,
                 foreign=foreign,
-                operator=operators.get(r.operator_id, r.operator_id),
-                subtask=r.subtask if r.subtask >= 0 else None,
-                key_group_start=kg_start,
-                key_group_end=kg_end,
-                details=details,
             )
         )
     for location, parts in physical.items():
-        add(_physical_file_ref(to_url(location), parts, operators))
-    return refs
+        groups.append(_physical_file_ref(to_url(location), parts, operators))
+    return groups
 
 
-def _physical_file_ref(url: str, parts: list[FileReference], operators: dict[str, str]) -> FileRef:
-    """The reference to a file whose handles give ranges of it, not its size, and that other
-    checkpoints share: a physical file of Flink's file merging (FLIP-306), holding segments of
-    several subtasks, roles and checkpoints (an SST a later checkpoint reuses, a private file,
-    operator state) and, with ``file-merging.across-checkpoint-boundary``, appended to while
-    the job runs; or a changelog backend's file of state changes (its handle's size leaves out
-    the file's header byte; later checkpoints read it from an offset). One shared reference
-    whose size is what this snapshot needs of the file (``grows``: the catalog keeps the most
-    any snapshot needs, and verify wants at least that much in storage; bytes no segment uses any
-    more stay until Flink drops the whole file). ``details["segments"]`` lists ``[role, start,
-    length]`` of the snapshot's ranges."""
+def _physical_file_ref(
+    url: str, parts: list[FileReference], operators: dict[str, str]
+) -> FileGroup:
+    """The reference to a file whose handles give ranges of it, not its size: a physical file of
+    Flink's file merging (FLIP-306), holding segments of several subtasks, roles and
+    checkpoints (an SST a later checkpoint reuses, a private file, operator state) and, with
+    ``file-merging.across-checkpoint-boundary``, appended to while the job runs; or a changelog
+    backend's file of state changes (its handle's size leaves out the file's header byte; later
+    checkpoints read it from an offset). One shared reference (a group of one file) whose size
+    is what this snapshot needs of the file (``grows``: the catalog keeps the most any snapshot
+    needs, and verify wants at least that much in storage; bytes no segment uses any more stay
+    until Flink drops the whole file). ``details["segments"]`` lists ``[role, start, length]``
+    of the snapshot's ranges."""
     first = parts[0].handle
     roles = {r.role for r in parts}
     ops = {operators.get(r.operator_id, r.operator_id) for r in parts}
@@ -340,18 +365,28 @@ def _physical_file_ref(url: str, parts: list[FileReference], operators: dict[str
     if first.relocated:
         details["relocated"] = True
         details["flink_path"] = first.name
-    return FileRef(
-        path=url,
-        size=max(r.handle.start_pos + r.handle.size for r in parts),
-        shared=True,
-        foreign=first.kind == KIND_FOREIGN,
-        grows=True,
+    return FileGroup(
+        [url],
+        [max(r.handle.start_pos + r.handle.size for r in parts)],
+        True,
+        details=[details],
         operator=ops.pop() if len(ops) == 1 else None,
         subtask=next(iter(subtasks)) if one_subtask else None,
         key_group_start=kg_start,
         key_group_end=kg_end,
-        details=details,
+        foreign=first.kind == KIND_FOREIGN,
+        grows=True,
     )
+
+
+def referenced_files(meta: FlinkSnapshotMetadata, store: FileStore) -> dict[str, tuple[int, bool]]:
+    """Every file ``meta`` references (``_metadata`` included): URL -> (size, whether it
+    grows, see :func:`_physical_file_ref`)."""
+    out: dict[str, tuple[int, bool]] = {}
+    for g in file_groups(meta, store):
+        for path, size in zip(g.paths, g.sizes, strict=True):
+            out.setdefault(path, (size, g.grows))
+    return out
 
 
 def metadata_problems(
@@ -368,21 +403,17 @@ def metadata_problems(
         else None
     )
     meta = read_metadata(location, job_dir=job_dir)
-    expected: dict[str, FileRef] = {}
-    for ref in file_refs(meta, store):
-        expected.setdefault(ref.path, ref)
+    expected = referenced_files(meta, store)
     problems = []
-    for path, ref in sorted(expected.items()):
+    for path, (size, grows) in sorted(expected.items()):
         if path not in attached:
             problems.append(f"it lists {path}, which the catalog did not attach")
-        elif ref.grows and attached[path] < ref.size:
+        elif grows and attached[path] < size:
             problems.append(
-                f"it reads {ref.size} bytes of {path}, the catalog records {attached[path]}"
+                f"it reads {size} bytes of {path}, the catalog records {attached[path]}"
             )
-        elif not ref.grows and attached[path] != ref.size:
-            problems.append(
-                f"it records {path} as {ref.size} bytes, the catalog as {attached[path]}"
-            )
+        elif not grows and attached[path] != size:
+            problems.append(f"it records {path} as {size} bytes, the catalog as {attached[path]}")
     for path in sorted(set(attached) - set(expected)):
         problems.append(f"the catalog attached {path}, which it does not list")
     return problems
@@ -472,7 +503,7 @@ def _catalog_parallelism(meta: FlinkSnapshotMetadata) -> tuple[int, int]:
 
 
 def _summary(
-    snap: SnapshotRecord, refs: list[FileRef], meta: FlinkSnapshotMetadata
+    snap: SnapshotRecord, groups: list[FileGroup], meta: FlinkSnapshotMetadata
 ) -> dict[str, Any]:
     return {
         "snapshot_id": snap.id,
@@ -480,9 +511,11 @@ def _summary(
         "kind": snap.kind,
         "format": snap.format,
         "location": snap.location,
-        "files": len({r.path for r in refs}),
+        "files": len({p for g in groups for p in g.paths}),
         "bytes": snap.bytes,
-        "relocated": sum(1 for r in refs if r.details and r.details.get("relocated")),
+        "relocated": sum(
+            1 for g in groups for d in g.details or () if d is not None and d.get("relocated")
+        ),
         "inline_handles": len(meta.inline_handles),
     }
 
@@ -508,7 +541,7 @@ class _ToImport:
     meta: FlinkSnapshotMetadata
     location: str
     prior: SnapshotRecord | None
-    refs: list[FileRef]
+    groups: list[FileGroup]
 
 
 def _import(
@@ -535,7 +568,7 @@ def _import(
     if adopt:  # files another job's snapshots reference too: shared, whatever their role
         taken = set(adopt)
         for item in todo:
-            item.refs = [replace(r, shared=True) if r.path in taken else r for r in item.refs]
+            item.groups = [_shared_where(g, taken) for g in item.groups]
 
     if record is None:
         max_p = max((_catalog_parallelism(m)[1] for _, m in found), default=None)
@@ -697,7 +730,7 @@ def _plan(
                 {"checkpoint_id": meta.checkpoint_id, "location": location, "reason": reason}
             )
             continue
-        todo.append(_ToImport(listing, meta, location, prior, file_refs(meta, listing.store)))
+        todo.append(_ToImport(listing, meta, location, prior, file_groups(meta, listing.store)))
     return todo, present
 
 
@@ -753,7 +786,7 @@ def _files_to_adopt(
     of that job's), naming that job. A snapshot's foreign references to other jobs'
     files are what they are: references. One indexed lookup of the new snapshots' paths,
     whatever the number of jobs and their files."""
-    own = {r.path for item in todo for r in item.refs if not r.foreign}
+    own = {p for item in todo for g in item.groups if not g.foreign for p in g.paths}
     owners = catalog.path_owners(own) if own else {}
     others = {p: o for p, o in owners.items() if o != job}
     if not others:
@@ -773,13 +806,25 @@ def _files_to_adopt(
     return sorted(others)
 
 
+def _shared_where(group: FileGroup, paths: set[str]) -> FileGroup:
+    """``group`` with its files among ``paths`` marked shared."""
+    if not paths.intersection(group.paths):
+        return group
+    flags = group.shared
+    shared = [
+        p in paths or (flags if isinstance(flags, bool) else flags[i])
+        for i, p in enumerate(group.paths)
+    ]
+    return replace(group, shared=shared)
+
+
 def under_any(url: str, directories: list[str]) -> bool:
     """Whether ``url`` is inside one of ``directories`` (by path, never the directory itself)."""
     return any(url.startswith(d.rstrip("/") + "/") for d in directories)
 
 
 def _write_snapshot(catalog: Catalog, job: str, item: _ToImport, report: ImportReport) -> None:
-    meta, refs = item.meta, item.refs
+    meta, groups = item.meta, item.groups
     stats = key_group_stats(meta)
     parallelism, snap_max_p = _catalog_parallelism(meta)
     if item.prior is None:
@@ -798,12 +843,12 @@ def _write_snapshot(catalog: Catalog, job: str, item: _ToImport, report: ImportR
         snap, resumed = item.prior, True
     # One attach call per snapshot: after a crash its files are all attached or none.
     if not resumed or not catalog.snapshot_files(snap.id, limit=1):
-        catalog.attach_files(snap.id, refs)
+        catalog.attach_files(snap.id, groups)
     crash_point("flink.import.after_attach")
     if stats and (not resumed or not catalog.key_group_stats(snap.id)):
         catalog.record_key_group_stats(snap.id, stats)
     snap = catalog.complete_snapshot(snap.id, snap.version, entries=sum(r.rows for r in stats))
-    (report.resumed if resumed else report.added).append(_summary(snap, refs, meta))
+    (report.resumed if resumed else report.added).append(_summary(snap, groups, meta))
     crash_point("flink.import.after_complete")
 
 

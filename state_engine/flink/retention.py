@@ -83,7 +83,7 @@ from state_engine.flink.discarded import (
 from state_engine.flink.import_job import (
     CHK_DIR,
     ROLE_CHECKPOINTS,
-    file_refs,
+    referenced_files,
     under_any,
 )
 from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
@@ -181,7 +181,7 @@ def _refs_of(
             f"{exc}; nothing was deleted (a checkpoint that cannot be read might reference any "
             "file)"
         ) from None
-    return {r.path: r.size for r in file_refs(meta, store)}
+    return {path: size for path, (size, _) in referenced_files(meta, store).items()}
 
 
 def links_to_keep(

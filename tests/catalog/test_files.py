@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import event, func, select
 
-from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
+from state_engine.catalog import Catalog, FileGroup, FileRef, KeyGroupStatRow
 from state_engine.catalog.models import RETAINED_STATUSES, File, Snapshot
 from state_engine.catalog.views import references as ref
 from state_engine.errors import FileAlreadyRegistered, InvalidCatalogInput, ReusedFileMissing
@@ -447,3 +447,72 @@ def test_details_that_are_not_json_name_the_reference_and_attach_nothing(catalog
         catalog.attach_files(sid, refs)
     assert catalog.snapshot_files(sid) == []
     assert catalog.known_paths("orders") == set()
+
+
+def _listing(catalog: Catalog, snapshot_id: int) -> list[tuple[object, ...]]:
+    return [
+        (f.path.split("/", 2)[-1], f.size, f.checksum, f.shared, f.operator, f.subtask,
+         f.key_group_start, f.key_group_end, f.details)
+        for f in catalog.snapshot_files(snapshot_id)
+    ]  # fmt: skip
+
+
+def test_a_file_group_attaches_what_its_files_as_refs_would(catalog: Catalog) -> None:
+    """The column form and the row form of the same references register the same files and
+    read back the same, flags, checksums and details included; a path given in both forms of
+    one call is one file."""
+    group = FileGroup(
+        ["shared/1.sst", "shared/2.sst", "chk-1/MANIFEST"],
+        [5, 6, 7],
+        [True, True, False],
+        checksums=["c1", None, "c3"],
+        details=[{"local_path": "000001.sst"}, None, {"role": "private"}],
+        operator="agg",
+        subtask=1,
+        key_group_start=64,
+        key_group_end=127,
+    )
+    listings = []
+    for job, files in (
+        ("as-groups", [replace(group, paths=[f"/as-groups/{p}" for p in group.paths])]),
+        ("as-refs", [replace(r, path=f"/as-refs/{r.path}") for r in _rows(group)]),
+    ):
+        sid = _snapshot(catalog, job)
+        assert catalog.attach_files(sid, [*files, FileRef(f"/{job}/chk-1/_metadata", 3)]) == 4
+        listings.append(sorted(_listing(catalog, sid), key=repr))
+    assert listings[0] == listings[1]
+    sid = _snapshot(catalog, "both")
+    twice = FileRef("/both/shared/1.sst", 5, shared=True, operator="agg")
+    assert catalog.attach_files(sid, [FileGroup([twice.path], [5], True), twice]) == 2
+    assert catalog.snapshot_files_summary(sid).files == 1
+
+
+def _rows(g: FileGroup) -> list[FileRef]:
+    return [
+        FileRef(path, g.sizes[i], checksum=(g.checksums or [None] * len(g.paths))[i],
+                shared=g.shared if isinstance(g.shared, bool) else g.shared[i],
+                operator=g.operator, subtask=g.subtask, key_group_start=g.key_group_start,
+                key_group_end=g.key_group_end, details=(g.details or [None] * len(g.paths))[i])
+        for i, path in enumerate(g.paths)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        (FileGroup(["/o/a", "/o/b"], [1]), "2 paths but 1 sizes"),
+        (FileGroup(["/o/a"], [1], [True, False]), "1 paths but 2 shared flags"),
+        (FileGroup(["/o/a", "  "], [1, 2]), "a file path"),
+        (FileGroup(["/o/a", "/o/b"], [1, -2]), "the size of /o/b"),
+        (FileGroup(["/o/a", "/o/a"], [1, 2]), "/o/a is listed twice with different size"),
+        (FileGroup(["/o/a"], [1], subtask=9), "the subtask of /o/a"),
+        (FileGroup(["/o/a"], [1], key_group_start=3), "give both key_group_start"),
+    ],
+)
+def test_a_bad_file_group_is_refused_whole(
+    catalog: Catalog, group: FileGroup, message: str
+) -> None:
+    sid = _snapshot(catalog)
+    with pytest.raises(InvalidCatalogInput, match=message):
+        catalog.attach_files(sid, [FileRef("/o/ok", 1), group])
+    assert catalog.snapshot_files(sid) == [] and catalog.known_paths("orders") == set()

@@ -38,8 +38,9 @@ depends_on: str | Sequence[str] | None = None
 JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 GROUPS = "sk_snapshot_file_groups"
-#: the references moved per statement (a catalog may hold millions)
+#: references moved per statement, and snapshots read at a time (a catalog may hold millions)
 BATCH = 10_000
+SNAPSHOTS_PER_READ = 100
 
 #: A row per reference: the groups unnested, per dialect (SQLite has no arrays, PostgreSQL no
 #: json_each), with the same columns.
@@ -146,26 +147,38 @@ def downgrade() -> None:
 
 def _groups(bind: sa.Connection) -> Iterator[tuple[Any, ...]]:
     """The references of sk_snapshot_files, grouped: (snapshot, operator, subtask, key-group
-    range, foreign, file ids, details) per run of rows of one snapshot with the same operator,
-    subtask and range, in row id order. A file of another job than the snapshot's is foreign."""
-    rows = bind.execute(
+    range, foreign, file ids, details) per snapshot, operator, subtask and range, in row id
+    order. A file of another job than the snapshot's is foreign. Read a few snapshots at a time
+    (a catalog may hold millions of references)."""
+    snapshots = [
+        sid
+        for (sid,) in bind.execute(
+            sa.text("SELECT DISTINCT snapshot_id FROM sk_snapshot_files ORDER BY snapshot_id")
+        )
+    ]
+    select = (
         sa.text(
             "SELECT r.snapshot_id, r.operator_id, r.subtask, r.key_group_start, "
             "r.key_group_end, f.job_id <> s.job_id, r.file_id, r.details "
             "FROM sk_snapshot_files r JOIN sk_files f ON f.id = r.file_id "
-            "JOIN sk_snapshots s ON s.id = r.snapshot_id ORDER BY r.snapshot_id, r.id"
-        ).columns(details=JSON_TYPE)
+            "JOIN sk_snapshots s ON s.id = r.snapshot_id WHERE r.snapshot_id IN :ids "
+            "ORDER BY r.snapshot_id, r.id"
+        )
+        .bindparams(sa.bindparam("ids", expanding=True))
+        .columns(details=JSON_TYPE)
     )
-    groups: dict[tuple[Any, ...], tuple[list[int], list[Any]]] = {}
-    snapshot = None
-    for snapshot_id, *key, file_id, details in rows:
-        if snapshot_id != snapshot:
-            yield from _flush(snapshot, groups)
-            groups, snapshot = {}, snapshot_id
-        ids, notes = groups.setdefault((*key[:4], bool(key[4])), ([], []))
-        ids.append(file_id)
-        notes.append(details)
-    yield from _flush(snapshot, groups)
+    for at in range(0, len(snapshots), SNAPSHOTS_PER_READ):
+        rows = bind.execute(select, {"ids": snapshots[at : at + SNAPSHOTS_PER_READ]}).all()
+        groups: dict[tuple[Any, ...], tuple[list[int], list[Any]]] = {}
+        snapshot = None
+        for snapshot_id, *key, file_id, details in rows:
+            if snapshot_id != snapshot:
+                yield from _flush(snapshot, groups)
+                groups, snapshot = {}, snapshot_id
+            ids, notes = groups.setdefault((*key[:4], bool(key[4])), ([], []))
+            ids.append(file_id)
+            notes.append(details)
+        yield from _flush(snapshot, groups)
 
 
 def _flush(

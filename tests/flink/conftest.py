@@ -80,15 +80,16 @@ def flink_fixtures(tmp_path_factory: pytest.TempPathFactory) -> FlinkFixtures:
     return FlinkFixtures(root, root / "java" / "flink-java-dev", root / "pyflink")
 
 
-#: A PyFlink job's snapshots written by Flink 1.20.5 (``_metadata`` version 4), 100 KB: see its
-#: job.py for what the keyed state holds.
+#: Snapshots written by Flink 1.20.5 (``_metadata`` version 4), 290 KB: a PyFlink job's (its
+#: job.py says what the keyed state holds) and the Java fixture job's (StateFixtureJob.java;
+#: ``java/manifest.json`` and ``java/expected/`` give every snapshot's exact state).
 FLINK_120 = Path(__file__).parent / "data" / "flink-1.20"
 
 
 @pytest.fixture(scope="session")
 def flink_120(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Flink 1.20 tree (read-only): ``rocksdb/`` and ``hashmap/``, each with
-    ``checkpoints/<job-id>``, ``savepoints-canonical/`` and ``savepoints-native/``."""
+    """The Flink 1.20 tree (read-only): ``pyflink/`` and ``java/``, each with ``rocksdb/`` and
+    ``hashmap/``, each with ``checkpoints/<job-id>`` and savepoint directories."""
     root = tmp_path_factory.mktemp("flink-1.20")
     _extract(FLINK_120 / "snapshots.tar.gz", root)
     return root

@@ -1,8 +1,9 @@
-"""Snapshots that a real Flink 1.20.5 wrote (``_metadata`` version 4; data/flink-1.20/job.py): read,
+"""Snapshots that a real Flink 1.20.5 wrote (``_metadata`` version 4; data/flink-1.20): a PyFlink
+job's (job.py) and the Java fixture job's (StateFixtureJob.java), on RocksDB and hashmap: read,
 decoded, imported, verified, expired and cleaned as Flink 2.3's are.
 
-Flink 1.x writes no operator uid or name into ``_metadata`` (version 5 added them), inlines files
-under 20 KB into it, and its PyFlink keyed state has the 1.x serializer snapshots.
+Flink 1.x writes no operator uid or name into ``_metadata`` (version 5 added them) and inlines
+files under 20 KB into it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import collections
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,17 +28,23 @@ from state_engine.verify import verify
 from .test_retention import _files, _url, _used_by
 from .test_state import _source_positions
 
-ROCKS_JOB = "rocksdb/checkpoints/5bb8b7b3b93366b3acc506a0d21b3ee7"
-HASHMAP_JOB = "hashmap/checkpoints/aab5699f1501d29cd1df138c414930a1"
+ROCKS_JOB = "pyflink/rocksdb/checkpoints/5bb8b7b3b93366b3acc506a0d21b3ee7"
+HASHMAP_JOB = "pyflink/hashmap/checkpoints/aab5699f1501d29cd1df138c414930a1"
 JOBS = {"rocksdb": ROCKS_JOB, "hashmap": HASHMAP_JOB}
-#: every snapshot of the tree: (kind, format)
+#: every snapshot of the PyFlink job: (kind, format)
 SNAPSHOTS = {
     **{f"{ROCKS_JOB}/chk-{n}": ("checkpoint", "native") for n in (1, 3, 5)},
-    "rocksdb/savepoints-canonical/savepoint-5bb8b7-bf90c3eba613": ("savepoint", "canonical"),
-    "rocksdb/savepoints-native/savepoint-5bb8b7-0f37a607cb00": ("savepoint", "native"),
+    "pyflink/rocksdb/savepoints-canonical/savepoint-5bb8b7-bf90c3eba613": (
+        "savepoint",
+        "canonical",
+    ),
+    "pyflink/rocksdb/savepoints-native/savepoint-5bb8b7-0f37a607cb00": ("savepoint", "native"),
     **{f"{HASHMAP_JOB}/chk-{n}": ("checkpoint", "native") for n in (1, 3, 5)},
-    "hashmap/savepoints-canonical/savepoint-aab569-fed3f80e8d4f": ("savepoint", "canonical"),
-    "hashmap/savepoints-native/savepoint-aab569-681a4786dcca": ("savepoint", "native"),
+    "pyflink/hashmap/savepoints-canonical/savepoint-aab569-fed3f80e8d4f": (
+        "savepoint",
+        "canonical",
+    ),
+    "pyflink/hashmap/savepoints-native/savepoint-aab569-681a4786dcca": ("savepoint", "native"),
 }
 TYPES = PyFlinkTypes.parse(["total=value:LONG", "recent=list:LONG", "merchants=map:STRING:LONG"])
 
@@ -87,8 +95,8 @@ def test_version_4_metadata_reads_with_kind_format_and_the_exact_keyed_state(
 def test_a_flink_1_20_job_imports_verifies_expires_and_has_no_orphans(
     catalog: Catalog, flink_120: Path, tmp_path: Path, backend: str
 ) -> None:
-    tree = tmp_path / backend
-    shutil.copytree(flink_120 / backend, tree, copy_function=shutil.copy2)
+    tree = tmp_path / "pyflink" / backend
+    shutil.copytree(flink_120 / "pyflink" / backend, tree, copy_function=shutil.copy2)
     job_dir = tmp_path / JOBS[backend]
     savepoints = [tree / "savepoints-canonical", tree / "savepoints-native"]
     report = import_flink(catalog, [str(job_dir), *map(str, savepoints)], "f120")
@@ -98,7 +106,7 @@ def test_a_flink_1_20_job_imports_verifies_expires_and_has_no_orphans(
     metas = {
         path: read_metadata(str(flink_120 / path), job_dir=str(flink_120 / JOBS[backend]))
         for path in SNAPSHOTS
-        if path.startswith(backend)
+        if path.startswith(f"pyflink/{backend}/")
     }
     snaps = {s.checkpoint_id: s for s in catalog.list_snapshots("f120")}
     assert {cid: (s.kind, s.format) for cid, s in snaps.items()} == {
@@ -123,3 +131,70 @@ def test_a_flink_1_20_job_imports_verifies_expires_and_has_no_orphans(
     _assert_exact_state(read_metadata(str(newest), job_dir=str(job_dir)))
     dry = run_maintenance(catalog, "orphan_cleanup", job="f120", older_than="1d", dry_run=True)
     assert dry["deleted"]["items"] == []
+
+
+def _java(flink_120: Path, backend: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    manifest = json.loads((flink_120 / "java" / "manifest.json").read_text())
+    return manifest["backends"][backend], manifest
+
+
+JAVA = [
+    (backend, snapshot)
+    for backend in ("rocksdb", "hashmap")
+    for snapshot in ("chk-2", "chk-4", "chk-6", "savepoint-canonical", "savepoint-native")
+]
+
+
+@pytest.mark.parametrize(("backend", "name"), JAVA)
+def test_java_job_state_on_flink_1_20_equals_its_mirror(
+    flink_120: Path, backend: str, name: str
+) -> None:
+    """Java's built-in serializers (String keys, Long, Map<String, Long>, List<Long>) and the TTL
+    wrapper as Flink 1.20 wrote them: every row equals the job's own mirror of its state."""
+    info, _ = _java(flink_120, backend)
+    root = flink_120 / "java"
+    (snap,) = [s for s in info["snapshots"] if Path(s["expected_file"]).stem.startswith(name)]
+    meta = read_metadata(str(root / snap["path"]), job_dir=str(root / info["job_dir"]))
+    assert (meta.version, meta.kind) == (4, snap["kind"].split("-")[0])
+    rows = snapshot_rows(meta, limit=0)
+    got = sorted(
+        (r["key_group"], r["state"], r["key"], r["user_key"], json.loads(r["value"])) for r in rows
+    )
+    expected = []
+    for line in (root / snap["expected_file"]).read_text().splitlines():
+        o = json.loads(line)
+        k, kg = o["key"], o["key_group"]
+        expected += [
+            (kg, "lastSeen", k, None, o["lastSeen"]),
+            (kg, "recent", k, None, o["recent"]),
+            (kg, "total", k, None, o["total"]),
+            *((kg, "merchants", k, mk, mv) for mk, mv in o["merchants"].items()),
+        ]
+    assert got == sorted(expected)
+    # TTL: the stored last-access timestamp, a processing time inside the run
+    run = info["run"]
+    stamps = [r["expires_at"] for r in rows if r["state"] == "lastSeen"]
+    assert len(stamps) == snap["keys"]
+    assert all(run["start_ms"] <= t <= run["end_ms"] for t in stamps)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "hashmap"])
+def test_java_job_on_flink_1_20_imports_and_verifies(
+    catalog: Catalog, flink_120: Path, tmp_path: Path, backend: str
+) -> None:
+    info, _ = _java(flink_120, backend)
+    tree = tmp_path / backend
+    shutil.copytree(flink_120 / "java" / backend, tree, copy_function=shutil.copy2)
+    job_dir = tmp_path / info["job_dir"]
+    report = import_flink(catalog, [str(job_dir), str(tree / "savepoints")], "j120")
+    assert len(report.added) == 5 and not report.skipped and not report.in_flight
+    kinds = {
+        "checkpoint": ("CHECKPOINT", "NATIVE"),
+        "savepoint-canonical": ("SAVEPOINT", "CANONICAL"),
+        "savepoint-native": ("SAVEPOINT", "NATIVE"),
+    }
+    assert {s.checkpoint_id: (s.kind, s.format) for s in catalog.list_snapshots("j120")} == {
+        s["checkpoint_id"]: kinds[s["kind"]] for s in info["snapshots"]
+    }
+    assert catalog.known_paths("j120") == {_url(f) for f in _files(tree)}
+    assert verify(catalog, "j120").ok

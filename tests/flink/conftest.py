@@ -8,12 +8,15 @@ private copy with ``flink_copy``. The 2.3 archives stay in ``/work/shared/flink`
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import shutil
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,6 +65,37 @@ def local_path(handle: StreamHandle) -> Path:
     """Where a file handle of these fixtures is on this machine (it has a location)."""
     assert handle.location is not None, handle
     return Path(handle.location)
+
+
+def assert_pyflink_state(
+    rows: list[dict[str, Any]],
+    positions: dict[str, int],
+    key: Callable[[int], str],
+    kept: Callable[[int], bool] = lambda amount: True,
+) -> None:
+    """``rows`` (of ``snapshot_rows``) hold exactly the keyed state of the PyFlink fixture jobs
+    (data/*/job.py, the 2.3 archive's flink_job.py) after the records their source had read:
+    the indexes ``i`` of NumberSequenceSource(0, 400000), split 1 from 0 and split 2 from 200001
+    up to ``positions``, each the amount ``i % 997`` for card ``key(i)``. Per card: ``total``
+    sums its amounts, ``merchants`` counts them per ``m{amount % 7}``, ``recent`` lists those
+    ``kept`` (in any order: the two splits interleave)."""
+    total: collections.Counter[str] = collections.Counter()
+    merchants: collections.Counter[tuple[str, str]] = collections.Counter()
+    recent: dict[str, list[int]] = collections.defaultdict(list)
+    for split, start in (("1", 0), ("2", 200001)):
+        for i in range(start, positions[split]):
+            card, amount = key(i), i % 997
+            total[card] += amount
+            merchants[(card, f"m{amount % 7}")] += 1
+            if kept(amount):
+                recent[card].append(amount)
+    assert {r["state"] for r in rows} == {"total", "merchants", "recent"}
+    assert {r["key"]: json.loads(r["value"]) for r in rows if r["state"] == "total"} == total
+    assert {
+        (r["key"], r["user_key"]): json.loads(r["value"]) for r in rows if r["state"] == "merchants"
+    } == merchants
+    got = {r["key"]: sorted(json.loads(r["value"])) for r in rows if r["state"] == "recent"}
+    assert got == {k: sorted(v) for k, v in recent.items()}
 
 
 def _extract(archive: Path, into: Path) -> None:

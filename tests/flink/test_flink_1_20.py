@@ -8,7 +8,6 @@ files under 20 KB into it.
 
 from __future__ import annotations
 
-import collections
 import json
 import shutil
 from pathlib import Path
@@ -25,6 +24,7 @@ from state_engine.flink.snapshot_state import snapshot_rows
 from state_engine.hashing import java_string_hash, murmur_hash
 from state_engine.verify import verify
 
+from .conftest import assert_pyflink_state
 from .test_retention import _files, _url, _used_by
 from .test_state import _source_positions
 
@@ -53,23 +53,8 @@ def _assert_exact_state(meta: FlinkSnapshotMetadata) -> None:
     """The keyed state is exactly what job.py computed from the records its source had read."""
     positions = _source_positions(meta)
     assert set(positions) == {"1", "2"}
-    total: collections.Counter[str] = collections.Counter()
-    merchants: collections.Counter[tuple[str, str]] = collections.Counter()
-    recent: dict[str, list[int]] = collections.defaultdict(list)
-    for split, start in (("1", 0), ("2", 200001)):  # NumberSequenceSource(0, 400000)
-        for i in range(start, positions[split]):
-            key, amount = f"card-{i % 40:03d}", i % 997
-            total[key] += amount
-            merchants[(key, f"m{amount % 7}")] += 1
-            if amount % 50 == 0:
-                recent[key].append(amount)
     rows = snapshot_rows(meta, limit=0, pyflink_types=TYPES)
-    assert {r["key"]: json.loads(r["value"]) for r in rows if r["state"] == "total"} == total
-    assert {
-        (r["key"], r["user_key"]): json.loads(r["value"]) for r in rows if r["state"] == "merchants"
-    } == merchants
-    got = {r["key"]: sorted(json.loads(r["value"])) for r in rows if r["state"] == "recent"}
-    assert got == {k: sorted(v) for k, v in recent.items()}
+    assert_pyflink_state(rows, positions, lambda i: f"card-{i % 40:03d}", lambda a: a % 50 == 0)
     for r in rows:  # PyFlink keys by Row.of(key): Row.hashCode() = String.hashCode() + 62
         assert r["key_group"] == murmur_hash(java_string_hash(r["key"]) + 62) % 128
 

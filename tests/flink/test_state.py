@@ -25,7 +25,7 @@ from state_engine.flink.snapshot_state import snapshot_entries, snapshot_raw_row
 from state_engine.hashing import java_string_hash, murmur_hash
 from state_engine.keygroups import compute_operator_index_for_key_group
 
-from .conftest import delegate_of, local_path
+from .conftest import assert_pyflink_state, delegate_of, local_path
 
 JAVA_SNAPSHOTS = [
     (backend, name)
@@ -152,25 +152,8 @@ def test_pyflink_state_equals_the_jobs_deterministic_input(flink_fixtures: Any, 
     meta = read_metadata(str(flink_fixtures.pyflink / path))
     positions = _source_positions(meta)
     assert set(positions) == {"1", "2"}
-    total: collections.Counter[str] = collections.Counter()
-    merchants: collections.Counter[tuple[str, str]] = collections.Counter()
-    recent: dict[str, list[int]] = collections.defaultdict(list)
-    for split, start in (("1", 0), ("2", 200001)):  # flink_job.py: NumberSequenceSource(0, 400000)
-        for i in range(start, positions[split]):
-            key, amount = f"card-{i % 5000:06d}", i % 997
-            total[key] += amount
-            merchants[(key, f"m{amount % 7}")] += 1
-            recent[key].append(amount)
     rows = snapshot_rows(meta, limit=0, pyflink_types=PY_TYPES)
-    assert {r["state"] for r in rows} == {"total", "merchants", "recent"}
-    assert {r["key"]: json.loads(r["value"]) for r in rows if r["state"] == "total"} == total
-    assert {
-        (r["key"], r["user_key"]): json.loads(r["value"]) for r in rows if r["state"] == "merchants"
-    } == merchants
-    got_recent = {r["key"]: json.loads(r["value"]) for r in rows if r["state"] == "recent"}
-    assert {k: sorted(v) for k, v in got_recent.items()} == {
-        k: sorted(v) for k, v in recent.items()
-    }
+    assert_pyflink_state(rows, positions, lambda i: f"card-{i % 5000:06d}")
     # PyFlink keys by Row.of(key): Row.hashCode() = String.hashCode() + 62
     for r in rows:
         assert r["key_group"] == murmur_hash(java_string_hash(r["key"]) + 62) % 128

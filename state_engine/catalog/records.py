@@ -125,6 +125,10 @@ class FileGroup:
     foreign: bool = False
     grows: bool = False
 
+    def is_shared(self, i: int) -> bool:
+        """Whether the file at position ``i`` is shared."""
+        return self.shared if isinstance(self.shared, bool) else bool(self.shared[i])
+
 
 @dataclass(frozen=True, slots=True)
 class KeyGroupStatRow:

@@ -521,7 +521,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         path,
                         g.sizes[i],
                         None if g.checksums is None else g.checksums[i],
-                        g.shared if type(g.shared) is bool else bool(g.shared[i]),
+                        g.is_shared(i),
                         snap_id,
                         snap_id,
                         1,
@@ -1358,10 +1358,6 @@ def _as_groups(files: Iterable[FileRef | FileGroup]) -> list[FileGroup]:
     return groups
 
 
-def _shared(g: FileGroup, i: int) -> bool:
-    return g.shared if type(g.shared) is bool else bool(g.shared[i])
-
-
 def _checksum(g: FileGroup, i: int) -> str | None:
     return None if g.checksums is None else g.checksums[i]
 
@@ -1416,10 +1412,10 @@ def _check_file_groups(
             prev = first.get(path)
             if prev is None:
                 first[path] = (g, i)
-            elif (prev[0].sizes[prev[1]], _checksum(*prev), _shared(*prev)) != (
+            elif (prev[0].sizes[prev[1]], _checksum(*prev), prev[0].is_shared(prev[1])) != (
                 sizes[i],
                 _checksum(g, i),
-                _shared(g, i),
+                g.is_shared(i),
             ):
                 raise InvalidCatalogInput(
                     f"{path} is listed twice with different size, checksum or shared flag; "
@@ -1485,7 +1481,7 @@ def _check_reuse(
             f"{path} is already registered with size {size} and checksum {checksum}, not "
             f"{ref_size} / {ref_checksum}; file names are never reused: write it under a new name"
         )
-    if created_by != snap_id and not (_shared(g, i) or g.foreign):
+    if created_by != snap_id and not (g.is_shared(i) or g.foreign):
         raise FileAlreadyRegistered(
             f"{path} is already registered by snapshot {created_by}; a file exclusive to one "
             f"snapshot cannot be attached to snapshot {snap_id}: attach it as shared, or write "

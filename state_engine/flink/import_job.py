@@ -810,11 +810,7 @@ def _shared_where(group: FileGroup, paths: set[str]) -> FileGroup:
     """``group`` with its files among ``paths`` marked shared."""
     if not paths.intersection(group.paths):
         return group
-    flags = group.shared
-    shared = [
-        p in paths or (flags if isinstance(flags, bool) else flags[i])
-        for i, p in enumerate(group.paths)
-    ]
+    shared = [p in paths or group.is_shared(i) for i, p in enumerate(group.paths)]
     return replace(group, shared=shared)
 
 

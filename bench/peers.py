@@ -692,10 +692,22 @@ def measure(cfg: Config, data_file: Path, n: int, kill_at: int, python: Path, tm
             "work": str(work), **cfg.spec}  # fmt: skip
     restore = spec.pop("restore", False)
     script = spec.pop("script", str(HERE))
+    env = None
+    if script != str(HERE):
+        # an earlier tree runs with its own catalog revisions: an older migrate.py prefers the
+        # installed package statekeeper_migrations (this checkout's, through the editable
+        # install), so a link to the tree's migrations/ under that name goes first on the path
+        link_dir = tmp / "baseline-migrations"
+        link = link_dir / "statekeeper_migrations"
+        if not link.exists():
+            link_dir.mkdir(exist_ok=True)
+            link.symlink_to(Path(script).resolve().parent.parent / "migrations")
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": f"{link_dir}{os.pathsep + path if path else ''}"}
 
     def run(extra: dict[str, Any]) -> dict[str, Any]:
         proc = subprocess.run([py, script, "--child", json.dumps({**spec, **extra})],
-                              capture_output=True, text=True, cwd=REPO)  # fmt: skip
+                              capture_output=True, text=True, cwd=REPO, env=env)  # fmt: skip
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"{cfg.name} failed:\n{proc.stderr[-3000:]}")

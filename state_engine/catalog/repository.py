@@ -445,92 +445,90 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         file (its live references count this snapshot too). A path given twice is one file (the
         first gives its flags; another size, checksum or shared flag is refused).
         """
-        groups = _as_groups(files)
-        if not groups:
+        return self.attach_files_many([(snapshot_id, files)])
+
+    def attach_files_many(
+        self, attachments: Iterable[tuple[int, Iterable[FileRef | FileGroup]]]
+    ) -> int:
+        """:meth:`attach_files` for several PENDING snapshots of one job in one transaction, with
+        the outcome of one call per snapshot in the order given (a file the first creates, the
+        next ones reuse), but each path looked up once and each file row written once: an import
+        of a job's retained checkpoints, thousands of files each and most of them in every one,
+        costs a statement per table instead of several per snapshot. Returns how many references
+        it attached; nothing of a refused call is kept."""
+        items = [(sid, _as_groups(files)) for sid, files in attachments]
+        items = [(sid, groups) for sid, groups in items if groups]
+        if not items:
             return 0
+        ids = [sid for sid, _ in items]
+        if len(set(ids)) != len(ids):
+            raise InvalidCatalogInput(
+                "a snapshot appears twice among the attachments; give each snapshot's files once"
+            )
         with self._write() as s:
-            snap = self._lock_snapshot(s, snapshot_id, (SnapshotStatus.PENDING,), "attach files to")
+            snaps = [
+                self._lock_snapshot(s, sid, (SnapshotStatus.PENDING,), "attach files to")
+                for sid in ids
+            ]
             # Plain ints: an ORM attribute read per row would cost more than the row's insert.
-            snap_id, job_id = snap.id, snap.job_id
-            first = _check_file_groups(groups, snap.parallelism, snap.max_parallelism)
-            op_ids = self._operator_ids(s, job_id, {g.operator for g in groups if g.operator})
+            job_id = snaps[0].job_id
+            other = next((x for x in snaps if x.job_id != job_id), None)
+            if other is not None:
+                raise InvalidCatalogInput(
+                    f"snapshots {ids[0]} and {other.id} belong to different jobs; attach files "
+                    "to one job's snapshots per call"
+                )
+            firsts = [
+                _check_file_groups(groups, snap.parallelism, snap.max_parallelism)
+                for snap, (_, groups) in zip(snaps, items, strict=True)
+            ]
+            op_ids = self._operator_ids(
+                s, job_id, {g.operator for _, groups in items for g in groups if g.operator}
+            )
             bulk = Bulk(s.connection())
-            m = bulk.mark
-            where, paths = bulk.in_list("path", list(first))
+            every: dict[str, None] = {}
+            for first in firsts:
+                every.update(dict.fromkeys(first))
+            where, paths = bulk.in_list("path", list(every))
             # Locked on PostgreSQL: a concurrent forget_files (expire, orphan cleanup) either
             # waits for this transaction and sees the new reference, or deletes the row first
             # and this call refuses the reused path (SQLite's writer lock serialises the two).
-            existing = bulk.select(
-                "SELECT path, id, job_id, size, checksum, created_by_snapshot_id "
-                f"FROM sk_files WHERE {where}{' FOR UPDATE' if bulk.postgres else ''}",
-                (paths,),
-            )
-            _check_reused_known(groups, {row[0] for row in existing}, snap_id)
-            path_ids: dict[str, int] = {}
-            reused: list[int] = []
-            longer: list[tuple[int, int]] = []  # (file id, size) of files that grew
-            for path, fid, file_job_id, size, checksum, created_by in existing:
-                g, i = first[path]
-                _check_reuse(g, i, snap_id, job_id, fid, file_job_id, size, checksum, created_by)
-                path_ids[path] = fid
-                if g.grows and g.sizes[i] > size:
-                    longer.append((fid, g.sizes[i]))
-                if created_by != snap_id:
-                    reused.append(fid)
-            if reused:
-                where, ids = bulk.in_list("file_id", reused)
-                already = {
-                    fid
-                    for (fid,) in bulk.select(
-                        f"SELECT file_id FROM {REFERENCES} WHERE snapshot_id = {m} AND {where}",
-                        (snap_id, ids),
+            files = {
+                path: _FileState(fid, file_job_id, size, checksum, created_by)
+                for path, fid, file_job_id, size, checksum, created_by in bulk.select(
+                    "SELECT path, id, job_id, size, checksum, created_by_snapshot_id "
+                    f"FROM sk_files WHERE {where}{' FOR UPDATE' if bulk.postgres else ''}",
+                    (paths,),
+                )
+            }
+            already = self._referenced(bulk, ids, [f.id for f in files.values()])
+            known = set(files)
+            # new files: (group, position, snapshot) of their creator, in the order first met;
+            # one a later snapshot of the call references is followed in ``files`` from then on
+            created: dict[str, tuple[FileGroup, int, int]] = {}
+            for sid, (_, groups), first in zip(ids, items, firsts, strict=True):
+                _check_reused_known(groups, known, sid)
+                for path, (g, i) in first.items():
+                    f = files.get(path)
+                    if f is None:
+                        c = created.get(path)
+                        if c is None:  # new: this snapshot creates it
+                            created[path] = (g, i, sid)
+                            continue
+                        cg, ci, csid = c
+                        f = files[path] = _FileState(
+                            0, job_id, cg.sizes[ci], _checksum(cg, ci), csid, cg.is_shared(ci)
+                        )
+                    _check_reuse(
+                        g, i, sid, job_id, f.id, f.job_id, f.size, f.checksum, f.created_by
                     )
-                }
-                # One more live reference per file that this snapshot did not reference yet.
-                fresh = [fid for fid in reused if fid not in already]
-                if fresh:
-                    where, ids = bulk.in_list("id", fresh)
-                    bulk.execute(
-                        f"UPDATE sk_files SET shared = {m}, last_used_snapshot_id = {m}, "
-                        f"live_refs = live_refs + 1 WHERE {where}",
-                        (True, snap_id, ids),
-                    )
-            for fid, size in longer:  # a growing file: what the snapshots need of it, at most
-                bulk.execute(f"UPDATE sk_files SET size = {m} WHERE id = {m}", (size, fid))
-            new = [(path, g, i) for path, (g, i) in first.items() if path not in path_ids]
-            new_ids = bulk.allocate_ids(File.__tablename__, len(new))
-            stamp = bulk.bind(File.__table__.c.created_at, self.now())
-            bulk.insert_many(
-                File.__tablename__,
-                (
-                    "id",
-                    "job_id",
-                    "path",
-                    "size",
-                    "checksum",
-                    "shared",
-                    "created_by_snapshot_id",
-                    "last_used_snapshot_id",
-                    "live_refs",
-                    "created_at",
-                ),
-                [
-                    (
-                        fid,
-                        job_id,
-                        path,
-                        g.sizes[i],
-                        None if g.checksums is None else g.checksums[i],
-                        g.is_shared(i),
-                        snap_id,
-                        snap_id,
-                        1,
-                        stamp,
-                    )
-                    for fid, (path, g, i) in zip(new_ids, new, strict=True)
-                ],  # fmt: skip
-            )
-            path_ids.update((path, fid) for fid, (path, _, _) in zip(new_ids, new, strict=True))
+                    if g.grows and g.sizes[i] > f.size:  # what the snapshots need of it, at most
+                        f.size, f.grew = g.sizes[i], True
+                    if f.created_by != sid and (sid, f.id) not in already:
+                        # one more live reference, from a snapshot that did not have one yet
+                        f.shared, f.last_used, f.refs = True, sid, f.refs + 1
+                known.update(first)
+            path_ids = self._write_file_states(bulk, files, created, job_id)
             bulk.insert_many(
                 SnapshotFileGroup.__tablename__,
                 (
@@ -543,9 +541,93 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     "file_ids",
                     "details",
                 ),
-                [(snap_id, *row) for row in _group_rows(groups, path_ids, op_ids)],
+                [
+                    (sid, *row)
+                    for sid, groups in items
+                    for row in _group_rows(groups, path_ids, op_ids)
+                ],
             )
-            return sum(len(g.paths) for g in groups)
+            return sum(len(g.paths) for _, groups in items for g in groups)
+
+    def _referenced(
+        self, bulk: Bulk, snapshot_ids: list[int], file_ids: list[int]
+    ) -> set[tuple[int, int]]:
+        """(snapshot id, file id) of the references ``snapshot_ids`` already have to ``file_ids``
+        (an earlier attach call of the same snapshot)."""
+        if not file_ids:
+            return set()
+        where_s, sids = bulk.in_list("snapshot_id", snapshot_ids)
+        where_f, fids = bulk.in_list("file_id", file_ids)
+        rows = bulk.select(
+            f"SELECT snapshot_id, file_id FROM {REFERENCES} WHERE {where_s} AND {where_f}",
+            (sids, fids),
+        )
+        return {(sid, fid) for sid, fid in rows}
+
+    def _write_file_states(
+        self,
+        bulk: Bulk,
+        files: dict[str, _FileState],
+        created: dict[str, tuple[FileGroup, int, int]],
+        job_id: int,
+    ) -> dict[str, int]:
+        """Update the known files a snapshot now references (a statement per last user and
+        references added) and insert the ``created`` ones (one executemany; ``files`` has the
+        state of those a later snapshot of the call references). Returns every file's id."""
+        m = bulk.mark
+        touched: dict[tuple[int | None, int], list[int]] = {}
+        path_ids: dict[str, int] = {}
+        for path, f in files.items():
+            if f.id == 0:
+                continue  # created by this call
+            path_ids[path] = f.id
+            if f.refs:
+                touched.setdefault((f.last_used, f.refs), []).append(f.id)
+            if f.grew:
+                bulk.execute(f"UPDATE sk_files SET size = {m} WHERE id = {m}", (f.size, f.id))
+        for (last_used, refs), fids in touched.items():
+            where, ids = bulk.in_list("id", fids)
+            bulk.execute(
+                f"UPDATE sk_files SET shared = {m}, last_used_snapshot_id = {m}, "
+                f"live_refs = live_refs + {m} WHERE {where}",
+                (True, last_used, refs, ids),
+            )
+        new_ids = bulk.allocate_ids(File.__tablename__, len(created))
+        stamp = bulk.bind(File.__table__.c.created_at, self.now())
+        rows = []
+        row: tuple[int, str | None, bool, int, int | None, int]
+        for fid, (path, (g, i, sid)) in zip(new_ids, created.items(), strict=True):
+            path_ids[path] = fid
+            state = files.get(path)
+            if state is None:  # one snapshot's alone
+                row = (g.sizes[i], _checksum(g, i), g.is_shared(i), sid, sid, 1)
+            else:
+                row = (
+                    state.size,
+                    state.checksum,
+                    state.shared,
+                    sid,
+                    state.last_used,
+                    state.refs + 1,
+                )
+            rows.append((fid, job_id, path, *row, stamp))
+        bulk.insert_many(
+            File.__tablename__,
+            (
+                "id",
+                "job_id",
+                "path",
+                "size",
+                "checksum",
+                "shared",
+                "created_by_snapshot_id",
+                "last_used_snapshot_id",
+                "live_refs",
+                "created_at",
+            ),
+            rows,
+        )
+        return path_ids
 
     def record_key_group_stats(self, snapshot_id: int, stats: Iterable[KeyGroupStatRow]) -> int:
         """Record rows and bytes per key group (one executemany); returns how many rows."""
@@ -1356,6 +1438,44 @@ def _as_groups(files: Iterable[FileRef | FileGroup]) -> list[FileGroup]:
             )
         )
     return groups
+
+
+class _FileState:
+    """A file several snapshots of one :meth:`Catalog.attach_files_many` call reference, or one
+    the catalog knows, as the call leaves it: ``id`` 0 if the call creates it; ``refs`` the live
+    references the call adds (a new file also has its creator's); ``last_used`` the last snapshot
+    of the call that references it."""
+
+    __slots__ = (
+        "id",
+        "job_id",
+        "size",
+        "checksum",
+        "created_by",
+        "shared",
+        "last_used",
+        "refs",
+        "grew",
+    )
+
+    def __init__(
+        self,
+        fid: int,
+        job_id: int,
+        size: int,
+        checksum: str | None,
+        created_by: int | None,
+        shared: bool = False,
+    ) -> None:
+        self.id = fid
+        self.job_id = job_id
+        self.size = size
+        self.checksum = checksum
+        self.created_by = created_by
+        self.shared = shared
+        self.last_used = created_by
+        self.refs = 0
+        self.grew = False
 
 
 def _checksum(g: FileGroup, i: int) -> str | None:

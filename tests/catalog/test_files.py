@@ -516,3 +516,110 @@ def test_a_bad_file_group_is_refused_whole(
     with pytest.raises(InvalidCatalogInput, match=message):
         catalog.attach_files(sid, [FileRef("/o/ok", 1), group])
     assert catalog.snapshot_files(sid) == [] and catalog.known_paths("orders") == set()
+
+
+# --- several snapshots in one call: the outcome of one call per snapshot, in order ---
+
+#: per snapshot of the call: shared files read (number -> bytes read of a growing file, 0 for a
+#: plain shared file), and whether it also names the first snapshot's exclusive file (refused)
+ATTACHMENTS = st.lists(
+    st.tuples(
+        st.dictionaries(st.integers(0, 5), st.integers(0, 3), max_size=5),
+        st.sampled_from([False] * 9 + [True]),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _attachments(job: str, i: int, files: dict[int, int], steal: int | None) -> list[FileRef]:
+    """The files of the job's ``i``-th snapshot."""
+    refs = [FileRef(f"/{job}/chk-{i}/_metadata", 7, operator="op")]
+    for n, grown in sorted(files.items()):
+        if grown:
+            refs.append(FileRef(f"/{job}/merged/{n}", 10 + grown, shared=True, grows=True))
+        else:
+            refs.append(FileRef(f"/{job}/shared/{n}", n + 1, shared=True, operator="op"))
+    if steal is not None:  # an exclusive file of another snapshot: refused
+        refs.append(FileRef(f"/{job}/chk-{steal}/_metadata", 7))
+    return refs
+
+
+def _files_state(catalog: Catalog, job: str, order: list[int]) -> tuple[list, dict]:
+    """The job's files and each snapshot's references, with paths and snapshot ids relative to
+    the job (so two jobs' states compare)."""
+    rank: dict[int | None, int] = {sid: i for i, sid in enumerate(order)}
+    with catalog._read() as s:
+        rows = s.execute(
+            select(
+                File.path, File.size, File.shared, File.created_by_snapshot_id,
+                File.last_used_snapshot_id, File.live_refs,
+            ).where(File.job_id == catalog.get_job(job).id)
+        ).all()  # fmt: skip
+    files = sorted(
+        (p.replace(f"/{job}/", "/"), size, shared, rank.get(c), rank.get(u), n)
+        for p, size, shared, c, u, n in rows
+    )
+    refs = {
+        rank[sid]: sorted(f.path.replace(f"/{job}/", "/") for f in catalog.snapshot_files(sid))
+        for sid in order
+    }
+    return files, refs
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(before=st.dictionaries(st.integers(0, 5), st.integers(0, 3), max_size=4), calls=ATTACHMENTS)
+def test_attaching_several_snapshots_at_once_is_attaching_them_one_by_one(
+    catalog: Catalog, before: dict[int, int], calls: list[tuple[dict[int, int], bool]]
+) -> None:
+    """Files known before the call, files the call's first snapshot creates and the next ones
+    reuse, files that grow, a snapshot with a partial earlier attach: the same files, counts,
+    creators, last users and references as one attach_files per snapshot; a refused call keeps
+    nothing."""
+    outcomes: list[tuple[str, object]] = []
+    for way in ("one-by-one", "at-once"):
+        job = f"{way}-{len(catalog.list_jobs())}"
+        catalog.register_job(job, max_parallelism=128)
+        first = catalog.begin_snapshot(job, location=f"file:///{job}/0", parallelism=1)
+        catalog.attach_files(first.id, _attachments(job, 0, before, None))
+        catalog.complete_snapshot(first.id, first.version)
+        sids = [
+            catalog.begin_snapshot(job, location=f"file:///{job}/{i}", parallelism=1).id
+            for i in range(1, len(calls) + 1)
+        ]
+        # the call's first snapshot already has one of its files (an earlier attach of it)
+        catalog.attach_files(sids[0], [FileRef(f"/{job}/shared/0", 1, shared=True)])
+        work = [
+            (sid, _attachments(job, i, files, 0 if steal else None))
+            for i, (sid, (files, steal)) in enumerate(zip(sids, calls, strict=True), 1)
+        ]
+        order = [first.id, *sids]
+        before_call = _files_state(catalog, job, order)
+        try:
+            if way == "one-by-one":
+                with catalog.batch():
+                    for sid, refs in work:
+                        catalog.attach_files(sid, refs)
+            else:
+                assert catalog.attach_files_many(work) == sum(len(r) for _, r in work)
+        except FileAlreadyRegistered as exc:
+            assert _files_state(catalog, job, order) == before_call
+            outcomes.append(("refused", str(exc).split(" is already")[0].replace(f"/{job}/", "/")))
+        else:
+            outcomes.append(("attached", _files_state(catalog, job, order)))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_attaching_to_snapshots_of_two_jobs_or_one_snapshot_twice_is_refused(
+    catalog: Catalog,
+) -> None:
+    a, b = _snapshot(catalog, "a"), _snapshot(catalog, "b")
+    with pytest.raises(InvalidCatalogInput, match="belong to different jobs"):
+        catalog.attach_files_many([(a, [FileRef("/a/x", 1)]), (b, [FileRef("/b/x", 1)])])
+    with pytest.raises(InvalidCatalogInput, match="appears twice"):
+        catalog.attach_files_many([(a, [FileRef("/a/x", 1)]), (a, [FileRef("/a/y", 1)])])
+    assert catalog.snapshot_files(a) == [] and catalog.snapshot_files(b) == []

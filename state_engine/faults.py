@@ -46,7 +46,7 @@ CRASH_POINTS: dict[str, str] = {
     "deletion.after_forget": "state_engine.jobs.deletion",
     "deletion.after_delete_one": "state_engine.jobs.deletion",
     "flink.import.after_attach": "state_engine.flink.import_job",
-    "flink.import.after_complete": "state_engine.flink.import_job",
+    "flink.import.after_commit": "state_engine.flink.import_job",
     "flink.expire.after_discard": "state_engine.flink.retention",
     "flink.orphan_cleanup.after_delete": "state_engine.flink.retention",
 }

@@ -30,8 +30,9 @@ Directories are recorded under one spelling (``.`` and ``//`` folded, links reso
 storage): a directory imported through a link is the directory Flink wrote to. A directory belongs
 to one job (``sk_job_dirs``), and so does a file: importing a directory under another name, or
 snapshots that reference files another job holds (a NO_CLAIM restore of that job's snapshot), is
-refused before anything is written. A crash leaves at most one PENDING snapshot, which the next
-import completes.
+refused before anything is written. Snapshots are written in chunks, each in one transaction (see
+:func:`_write_snapshots`): a crash leaves a chunk imported or not at all, and the next import
+completes a PENDING snapshot an earlier version of the importer left.
 """
 
 from __future__ import annotations
@@ -583,8 +584,8 @@ def _import(
         catalog.claim_directory(job, listing.root_url, listing.role)
     if adopt:
         catalog.adopt_files(job, adopt)
-    for item in todo:
-        _write_snapshot(catalog, job, item, report)
+    for chunk in _chunks(todo):
+        _write_snapshots(catalog, job, chunk, report)
     _mark_vanished(catalog, job, listings, present, report)
     return report
 
@@ -819,33 +820,80 @@ def under_any(url: str, directories: list[str]) -> bool:
     return any(url.startswith(d.rstrip("/") + "/") for d in directories)
 
 
-def _write_snapshot(catalog: Catalog, job: str, item: _ToImport, report: ImportReport) -> None:
-    meta, groups = item.meta, item.groups
-    stats = key_group_stats(meta)
-    parallelism, snap_max_p = _catalog_parallelism(meta)
-    if item.prior is None:
-        snap = catalog.begin_snapshot(
-            job,
-            location=item.location,
-            parallelism=parallelism,
-            kind=meta.kind.upper(),
-            format=meta.format.upper(),
-            checkpoint_id=meta.checkpoint_id,
-            max_parallelism=snap_max_p,
-            trigger=TRIGGER,
+#: file references written per catalog transaction: a chunk of snapshots is imported whole or
+#: not at all, and holds the catalog's writer lock for well under a second
+CHUNK_REFERENCES = 100_000
+
+
+def _chunks(todo: list[_ToImport]) -> list[list[_ToImport]]:
+    """``todo`` in order, cut into runs of at most :data:`CHUNK_REFERENCES` file references
+    (a snapshot with more is a run of its own)."""
+    out: list[list[_ToImport]] = []
+    size = 0
+    for item in todo:
+        n = sum(len(g.paths) for g in item.groups)
+        if not out or size + n > CHUNK_REFERENCES:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out
+
+
+def _write_snapshots(
+    catalog: Catalog, job: str, items: list[_ToImport], report: ImportReport
+) -> None:
+    """Write ``items`` into the catalog in one transaction: each snapshot begun (or its PENDING
+    record resumed), every file attached in one call (a file that several of them reference is
+    looked up and written once), key-group stats recorded, each snapshot completed. A crash
+    leaves all of them imported or none."""
+    done: list[tuple[SnapshotRecord, bool, _ToImport]] = []
+    with catalog.batch():
+        begun: list[tuple[SnapshotRecord, bool, _ToImport]] = []
+        for item in items:
+            if item.prior is None:
+                parallelism, snap_max_p = _catalog_parallelism(item.meta)
+                snap = catalog.begin_snapshot(
+                    job,
+                    location=item.location,
+                    parallelism=parallelism,
+                    kind=item.meta.kind.upper(),
+                    format=item.meta.format.upper(),
+                    checkpoint_id=item.meta.checkpoint_id,
+                    max_parallelism=snap_max_p,
+                    trigger=TRIGGER,
+                )
+                begun.append((snap, False, item))
+            else:
+                begun.append((item.prior, True, item))
+        catalog.attach_files_many(
+            (snap.id, item.groups)
+            for snap, resumed, item in begun
+            if not resumed or not catalog.snapshot_files(snap.id, limit=1)
         )
-        resumed = False
-    else:
-        snap, resumed = item.prior, True
-    # One attach call per snapshot: after a crash its files are all attached or none.
-    if not resumed or not catalog.snapshot_files(snap.id, limit=1):
-        catalog.attach_files(snap.id, groups)
-    crash_point("flink.import.after_attach")
-    if stats and (not resumed or not catalog.key_group_stats(snap.id)):
-        catalog.record_key_group_stats(snap.id, stats)
-    snap = catalog.complete_snapshot(snap.id, snap.version, entries=sum(r.rows for r in stats))
-    (report.resumed if resumed else report.added).append(_summary(snap, groups, meta))
-    crash_point("flink.import.after_complete")
+        crash_point("flink.import.after_attach")
+        for snap, resumed, item in begun:
+            stats = key_group_stats(item.meta)
+            if stats and (not resumed or not catalog.key_group_stats(snap.id)):
+                catalog.record_key_group_stats(snap.id, stats)
+            completed = catalog.complete_snapshot(
+                snap.id,
+                snap.version,
+                bytes=_distinct_bytes(item.groups),
+                entries=sum(r.rows for r in stats),
+            )
+            done.append((completed, resumed, item))
+    for snap, resumed, item in done:
+        (report.resumed if resumed else report.added).append(_summary(snap, item.groups, item.meta))
+    crash_point("flink.import.after_commit")
+
+
+def _distinct_bytes(groups: list[FileGroup]) -> int:
+    """Bytes of the files ``groups`` reference, each file once."""
+    sizes: dict[str, int] = {}
+    for g in groups:
+        sizes.update(zip(g.paths, g.sizes, strict=True))
+    return sum(sizes.values())
 
 
 def _mark_vanished(

@@ -7,18 +7,21 @@ import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from state_engine import cli
 from state_engine.catalog import Catalog
+from state_engine.checkpoint.storage import FileStore
 from state_engine.errors import (
     FlinkDirectoryClaimed,
     FlinkImportError,
     FlinkJobDirectoryMissing,
     FlinkMetadataError,
 )
-from state_engine.flink.import_job import import_flink
+from state_engine.flink import import_job
+from state_engine.flink.import_job import file_groups, import_flink
 from state_engine.flink.metadata import read_metadata
 from state_engine.verify import verify
 
@@ -184,6 +187,75 @@ def test_reimport_syncs_added_and_vanished(
         (10, "COMPLETED"),
         (8, "DISCARDED"),
     ]
+
+
+@pytest.mark.parametrize("attached", [False, True])
+def test_a_pending_snapshot_an_interrupted_import_left_is_completed_by_the_next(
+    catalog: Catalog,
+    flink_fixtures: FlinkFixtures,
+    flink_copy: Callable[[Path], Path],
+    tmp_path: Path,
+    attached: bool,
+) -> None:
+    """An importer before chunked transactions could die between a snapshot's begin (or its
+    attach) and its completion: the next sync resumes that PENDING record, nothing duplicated."""
+    job_dir = flink_copy(flink_fixtures.java_job("rocksdb"))
+    shutil.move(job_dir / "chk-11", tmp_path / "parked")
+    import_flink(catalog, [str(job_dir)], "resume")
+    shutil.move(tmp_path / "parked", job_dir / "chk-11")
+    pending = catalog.begin_snapshot(  # the import that began chk-11 died
+        "resume",
+        location=_url(job_dir / "chk-11"),
+        parallelism=2,
+        kind="CHECKPOINT",
+        format="NATIVE",
+        checkpoint_id=11,
+        max_parallelism=128,
+        trigger="flink-import",
+    )
+    if attached:
+        meta = read_metadata(str(job_dir / "chk-11"), job_dir=str(job_dir))
+        catalog.attach_files(pending.id, file_groups(meta, FileStore.at(str(job_dir))[0]))
+    report = import_flink(catalog, [str(job_dir)], "resume")
+    assert [r["checkpoint_id"] for r in report.resumed] == [11] and not report.added
+    assert sorted(report.unchanged) == [8, 10]
+    assert catalog.get_snapshot(pending.id).status == "COMPLETED"
+    assert len(catalog.list_snapshots("resume")) == 3
+    assert verify(catalog, "resume").ok
+
+
+def test_an_import_cut_short_keeps_whole_chunks_and_the_next_finishes_it(
+    catalog: Catalog,
+    flink_fixtures: FlinkFixtures,
+    flink_copy: Callable[[Path], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Snapshots go into the catalog a chunk per transaction: a failure in the second chunk
+    keeps the first whole and nothing of the second; the next import adds the rest."""
+    job_dir = flink_copy(flink_fixtures.java_job("rocksdb"))
+    monkeypatch.setattr(import_job, "CHUNK_REFERENCES", 1)  # a snapshot per chunk
+    real = Catalog.attach_files_many
+    calls: list[int] = []
+
+    def failing_second(self: Catalog, attachments: Any) -> int:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("the catalog's disk filled up")
+        return real(self, attachments)
+
+    monkeypatch.setattr(Catalog, "attach_files_many", failing_second)
+    with pytest.raises(OSError, match="disk filled up"):
+        import_flink(catalog, [str(job_dir)], "cut")
+    assert [(s.checkpoint_id, s.status) for s in catalog.list_snapshots("cut")] == [
+        (8, "COMPLETED")
+    ]
+    assert verify(catalog, "cut").ok
+    monkeypatch.setattr(Catalog, "attach_files_many", real)
+    report = import_flink(catalog, [str(job_dir)], "cut")
+    assert [a["checkpoint_id"] for a in report.added] == [10, 11] and report.unchanged == [8]
+    assert {s.status for s in catalog.list_snapshots("cut")} == {"COMPLETED"}
+    assert catalog.known_paths("cut") == _on_disk(job_dir)
+    assert verify(catalog, "cut").ok
 
 
 def test_verify_sync_explains_a_checkpoint_flink_subsumed_since_the_import(

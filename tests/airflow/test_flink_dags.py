@@ -275,7 +275,7 @@ def test_verify_after_flink_subsumed_a_checkpoint_since_the_sync_syncs_again(
     # a data file gone is not explained by a sync: verify still fails
     victim = next(p for p in (flink_env["job_dir"] / "chk-10").iterdir() if p.name != "_metadata")
     victim.unlink()
-    from airflow.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
 
     with pytest.raises(AirflowFailException, match="inconsistencies"):
         verify_job("payments")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Self, cast
 
@@ -517,7 +517,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                             continue
                         cg, ci, csid = c
                         f = files[path] = _FileState(
-                            0, job_id, cg.sizes[ci], _checksum(cg, ci), csid, cg.is_shared(ci)
+                            0, job_id, cg.sizes[ci], _checksum(cg, ci), csid, cg.is_shared(ci), csid
                         )
                     _check_reuse(
                         g, i, sid, job_id, f.id, f.job_id, f.size, f.checksum, f.created_by
@@ -1440,42 +1440,22 @@ def _as_groups(files: Iterable[FileRef | FileGroup]) -> list[FileGroup]:
     return groups
 
 
+@dataclass(slots=True)
 class _FileState:
     """A file several snapshots of one :meth:`Catalog.attach_files_many` call reference, or one
     the catalog knows, as the call leaves it: ``id`` 0 if the call creates it; ``refs`` the live
     references the call adds (a new file also has its creator's); ``last_used`` the last snapshot
-    of the call that references it."""
+    of the call that references it (read only when ``refs`` is not 0)."""
 
-    __slots__ = (
-        "id",
-        "job_id",
-        "size",
-        "checksum",
-        "created_by",
-        "shared",
-        "last_used",
-        "refs",
-        "grew",
-    )
-
-    def __init__(
-        self,
-        fid: int,
-        job_id: int,
-        size: int,
-        checksum: str | None,
-        created_by: int | None,
-        shared: bool = False,
-    ) -> None:
-        self.id = fid
-        self.job_id = job_id
-        self.size = size
-        self.checksum = checksum
-        self.created_by = created_by
-        self.shared = shared
-        self.last_used = created_by
-        self.refs = 0
-        self.grew = False
+    id: int
+    job_id: int
+    size: int
+    checksum: str | None
+    created_by: int | None
+    shared: bool = False
+    last_used: int | None = None
+    refs: int = 0
+    grew: bool = False
 
 
 def _checksum(g: FileGroup, i: int) -> str | None:

@@ -847,6 +847,9 @@ def _write_snapshots(
     record resumed), every file attached in one call (a file that several of them reference is
     looked up and written once), key-group stats recorded, each snapshot completed. A crash
     leaves all of them imported or none."""
+    # Counted before the transaction: a canonical savepoint's records are counted by reading its
+    # files, and the transaction holds the catalog's writer lock.
+    stats = [key_group_stats(item.meta) for item in items]
     done: list[tuple[SnapshotRecord, bool, _ToImport]] = []
     with catalog.batch():
         begun: list[tuple[SnapshotRecord, bool, _ToImport]] = []
@@ -872,15 +875,14 @@ def _write_snapshots(
             if not resumed or not catalog.snapshot_files(snap.id, limit=1)
         )
         crash_point("flink.import.after_attach")
-        for snap, resumed, item in begun:
-            stats = key_group_stats(item.meta)
-            if stats and (not resumed or not catalog.key_group_stats(snap.id)):
-                catalog.record_key_group_stats(snap.id, stats)
+        for (snap, resumed, item), rows in zip(begun, stats, strict=True):
+            if rows and (not resumed or not catalog.key_group_stats(snap.id)):
+                catalog.record_key_group_stats(snap.id, rows)
             completed = catalog.complete_snapshot(
                 snap.id,
                 snap.version,
                 bytes=_distinct_bytes(item.groups),
-                entries=sum(r.rows for r in stats),
+                entries=sum(r.rows for r in rows),
             )
             done.append((completed, resumed, item))
     for snap, resumed, item in done:

@@ -868,19 +868,29 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                 s.scalars(select(File.path).where(File.job_id == job_id, File.live_refs > 0))
             )
 
-    def path_owners(self, paths: Iterable[str]) -> dict[str, str]:
+    def path_owners(self, paths: Iterable[str], *, other_than: str | None = None) -> dict[str, str]:
         """The job that holds each of ``paths`` the catalog knows (path -> job name); one
-        indexed lookup of all of them."""
+        indexed lookup of all of them. ``other_than``: only the paths jobs other than this one
+        hold (none are looked up when no other job has a file: two index probes)."""
         wanted = list(set(paths))
         if not wanted:
             return {}
         with self._read() as s:
             bulk = Bulk(s.connection())
+            job_id = None
+            if other_than is not None:
+                job_id = s.scalar(select(Job.id).where(Job.name == other_than))
+                if not _files_outside(bulk, job_id):
+                    return {}
             where, values = bulk.in_list("f.path", wanted)
+            params: tuple[Any, ...] = (values,)
+            if job_id is not None:
+                where += f" AND f.job_id <> {bulk.mark}"
+                params = (values, job_id)
             rows = bulk.select(
                 f"SELECT f.path, j.name FROM sk_files f JOIN sk_jobs j ON j.id = f.job_id "
                 f"WHERE {where}",
-                (values,),
+                params,
             )
             return {path: name for path, name in rows}
 
@@ -1380,6 +1390,18 @@ def _resolve_job(s: Session, job: str | int) -> Job:
     if row is None:
         raise NoSuchJob(f"no job {job!r} in the catalog; list the known jobs with `statectl jobs`")
     return row
+
+
+def _files_outside(bulk: Bulk, job_id: int | None) -> bool:
+    """Whether a job other than ``job_id`` (any job, if None) holds a file: a probe at each end
+    of the index on sk_files' job ids."""
+    if job_id is None:
+        return bool(bulk.select("SELECT 1 FROM sk_files LIMIT 1"))
+    m = bulk.mark
+    return bool(
+        bulk.select(f"SELECT 1 FROM sk_files WHERE job_id < {m} LIMIT 1", (job_id,))
+        or bulk.select(f"SELECT 1 FROM sk_files WHERE job_id > {m} LIMIT 1", (job_id,))
+    )
 
 
 def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:

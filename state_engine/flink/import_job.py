@@ -102,6 +102,8 @@ class Listing:
     def exists(self, location: str) -> bool:
         """Whether ``location`` exists: from the listing under the root, asked elsewhere (a
         NO_CLAIM restore's ancestor files live outside the job's directory)."""
+        if location in self.files:  # a listed path, as a local handle's location is: it exists
+            return True
         path = self.store.path_of(location)
         if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
             return path in self.files
@@ -788,8 +790,7 @@ def _files_to_adopt(
     files are what they are: references. One indexed lookup of the new snapshots' paths,
     whatever the number of jobs and their files."""
     own = {p for item in todo for g in item.groups if not g.foreign for p in g.paths}
-    owners = catalog.path_owners(own) if own else {}
-    others = {p: o for p, o in owners.items() if o != job}
+    others = catalog.path_owners(own, other_than=job) if own else {}
     if not others:
         return []
     flink_jobs = {j.name for j in catalog.list_jobs() if j.origin == "flink"}

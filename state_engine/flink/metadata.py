@@ -25,7 +25,7 @@ from __future__ import annotations
 import posixpath
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -938,6 +938,26 @@ class PathResolver:
             kind = self._kind(loc)
         h.location, h.exists, h.kind = loc, self.exists(loc), kind
 
+    def resolve_all(self, handles: Iterable[StreamHandle]) -> None:
+        """:meth:`resolve` each of ``handles``. A file handle in a directory an earlier handle's
+        path already placed in the snapshot's or the job's directories (the thousands of SSTs in
+        ``shared/``) is resolved here, without the calls."""
+        directories = self._directories
+        exists = self.exists
+        resolve = self.resolve
+        for h in handles:
+            if h.type == FILE:
+                name = h.name
+                cut = name.rfind("/") + 1
+                folded = directories.get(name[:cut]) if cut else None
+                if folded is not None and folded[1] is not None:
+                    file_name = name[cut:]
+                    if file_name and file_name != "." and file_name != "..":
+                        loc = folded[0] + file_name  # type: ignore[operator]
+                        h.location, h.exists, h.kind = loc, exists(loc), folded[1]
+                        continue
+            resolve(h)
+
     def _relative_location(self, name: str) -> str:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             raise FlinkPathEscapes(
@@ -1058,9 +1078,7 @@ def metadata_from_bytes(
     )
     # Resolved through the references (every handle once, in file order), which importers read
     # next: built here once, then cached.
-    resolve = resolver.resolve
-    for ref in meta.references():
-        resolve(ref.handle)
+    resolver.resolve_all([ref.handle for ref in meta.references()])
     return meta
 
 

@@ -140,3 +140,22 @@ def test_path_owners_names_the_job_of_each_known_path(catalog: Catalog) -> None:
     wanted = ["file:///a/chk-1/0", "file:///b/chk-1/2", "file:///c/nowhere", "file:///a/chk-1/0"]
     assert catalog.path_owners(wanted) == {"file:///a/chk-1/0": "a", "file:///b/chk-1/2": "b"}
     assert catalog.path_owners([]) == {}
+
+
+def test_path_owners_other_than_a_job_leaves_out_that_jobs_paths(catalog: Catalog) -> None:
+    # ids in registration order: the job asked about sits between, below and above the others
+    for job in ("a", "b", "c"):
+        catalog.register_job(job, max_parallelism=8)
+    wanted = [f"file:///{job}/chk-1/0" for job in ("a", "b", "c")]
+    assert catalog.path_owners(wanted, other_than="a") == {}  # no file anywhere yet
+    for job in ("a", "b", "c"):
+        snap = catalog.begin_snapshot(job, location=f"file:///{job}/chk-1", parallelism=1)
+        catalog.attach_files(snap.id, [FileRef(path=f"file:///{job}/chk-1/0", size=1)])
+        held = {f"file:///{j}/chk-1/0": j for j in ("a", "b", "c")[: "abc".index(job) + 1]}
+        assert catalog.path_owners(wanted, other_than=job) == {
+            p: j for p, j in held.items() if j != job
+        }
+    assert catalog.path_owners(wanted, other_than="b") == {wanted[0]: "a", wanted[2]: "c"}
+    assert catalog.path_owners(wanted, other_than="c") == {wanted[0]: "a", wanted[1]: "b"}
+    # a job the catalog does not have yet (a first import): every known path is another's
+    assert catalog.path_owners(wanted, other_than="new") == dict(zip(wanted, "abc", strict=True))

@@ -212,7 +212,9 @@ class SnapshotFileGroup(Base):
     registering (and importing) a snapshot cost more than listing its files. ``file_ids`` is a
     JSON array of ``sk_files`` ids in the order the writer gave them; ``details`` (NULL when no
     reference has any) the JSON array of what the writer recorded about each (an object or
-    null), position for position. ``foreign_files``: the files belong to another job (a Flink job
+    null), position for position; ``common_details`` (migration 0007; NULL when none) what it
+    recorded about every file of the group, once (a reference's own details win on a key both
+    give). ``foreign_files``: the files belong to another job (a Flink job
     restored from another's snapshot in NO_CLAIM or LEGACY mode references its ancestor's).
 
     The view ``sk_snapshot_files`` (migration 0006) gives a row per reference, for SQL. File ids
@@ -235,6 +237,7 @@ class SnapshotFileGroup(Base):
     foreign_files: Mapped[bool] = mapped_column(Boolean)
     file_ids: Mapped[list[int]] = mapped_column(JSONType)
     details: Mapped[list[Any] | None] = mapped_column(JSONType)
+    common_details: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
 
 class SnapshotSize(Base):

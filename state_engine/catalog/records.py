@@ -109,7 +109,9 @@ class FileGroup:
     ``checksums`` and ``details`` where given as sequences (``shared`` may also be one flag for
     all); the range and the ``reused``, ``foreign`` and ``grows`` flags are every file's, as a
     FileRef of each would give them. A RocksDB checkpoint's shared SSTs of one subtask are one
-    group: thousands of files, no object per file.
+    group: thousands of files, no object per file. ``common_details``: what the writer records
+    about every file of the group, stored once (a reference's details are these and its own,
+    its own winning on a key both give), such as a Flink import's role and kind of the SSTs.
     """
 
     paths: Sequence[str]
@@ -124,6 +126,7 @@ class FileGroup:
     reused: bool = False
     foreign: bool = False
     grows: bool = False
+    common_details: dict[str, Any] | None = None
 
     def is_shared(self, i: int) -> bool:
         """Whether the file at position ``i`` is shared."""

@@ -540,6 +540,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                     "foreign_files",
                     "file_ids",
                     "details",
+                    "common_details",
                 ),
                 [
                     (sid, *row)
@@ -1322,17 +1323,19 @@ def _with_details(s: Session, rows: Iterable[Any]) -> list[SnapshotFileRecord]:
     from the rows' groups: one query)."""
     listed: list[tuple[Any, ...]] = [tuple(row) for row in rows]
     groups = {row[-2] for row in listed}
-    details: dict[int, list[Any] | None] = {}
+    details: dict[int, tuple[list[Any] | None, dict[str, Any] | None]] = {}
     if groups:
-        stmt = select(SnapshotFileGroup.id, SnapshotFileGroup.details).where(
-            SnapshotFileGroup.id.in_(groups)
-        )
-        details = {gid: notes for gid, notes in s.execute(stmt)}
+        stmt = select(
+            SnapshotFileGroup.id, SnapshotFileGroup.details, SnapshotFileGroup.common_details
+        ).where(SnapshotFileGroup.id.in_(groups))
+        details = {gid: (notes, common) for gid, notes, common in s.execute(stmt)}
     out = []
     for (sid, fid, path, size, checksum, shared, operator, subtask, start, end, created, used,
          group, position) in listed:  # fmt: skip
-        notes = details.get(group)
+        notes, common = details.get(group, (None, None))
         note = notes[position] if notes else None
+        if common:
+            note = {**common, **(note or {})}
         record = SnapshotFileRecord(
             sid, fid, path, size, checksum, shared, operator, subtask, start, end, created, used,
             note,
@@ -1550,8 +1553,8 @@ def _group_rows(
     groups: list[FileGroup], path_ids: dict[str, int], op_ids: dict[str, int]
 ) -> list[tuple[Any, ...]]:
     """The groups as sk_snapshot_file_groups rows (without the snapshot id): operator id,
-    subtask, key-group start and end, foreign, the JSON of the file ids and of their details
-    (None when no file has any)."""
+    subtask, key-group start and end, foreign, the JSON of the file ids, of their details (None
+    when no file has any) and of the group's common details (None when it has none)."""
     out = []
     for g in groups:
         text = None
@@ -1562,9 +1565,21 @@ def _group_rows(
                 for path, d in zip(g.paths, g.details, strict=True):  # which one: as_json says
                     as_json(d, f"details of {path}")
                 raise
+        common = None
+        if g.common_details:
+            what = f"the common details of the group of {g.paths[0]}"
+            if not isinstance(g.common_details, dict):
+                raise InvalidCatalogInput(f"{what} must be a dict, not {g.common_details!r}")
+            try:
+                common = _encode(g.common_details)
+            except (TypeError, ValueError):
+                as_json(g.common_details, what)
+                raise
         ids = _encode([path_ids[p] for p in g.paths])
         operator = op_ids[g.operator] if g.operator else None
-        out.append((operator, g.subtask, g.key_group_start, g.key_group_end, g.foreign, ids, text))
+        out.append(
+            (operator, g.subtask, g.key_group_start, g.key_group_end, g.foreign, ids, text, common)
+        )
     return out
 
 

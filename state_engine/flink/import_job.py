@@ -248,8 +248,10 @@ def operator_key(uid: str, operator_id: str) -> str:
 
 def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup]:
     """Catalog file references of one snapshot, ``_metadata`` and every on-disk file, as
-    groups: one per operator subtask and key-group range (and foreign or not), as the handles
-    give them (a RocksDB handle's thousands of shared files are one group, no object each).
+    groups: one per operator subtask, key-group range, role and kind (and foreign or not), as
+    the handles give them: a RocksDB handle's thousands of shared files are one group, with no
+    object each, and their role and kind recorded once (the group's common details; a file's
+    own say where it came from: its RocksDB name, where Flink wrote it if it moved).
 
     A file is a physical file: the ranges of one (file merging, a changelog) are one reference, see
     :func:`_physical_file_ref`."""
@@ -258,7 +260,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         FileGroup(
             [to_url(meta.metadata_path)],
             [meta.metadata_size],
-            details=[{"role": "metadata", "kind": "exclusive"}],
+            common_details={"role": "metadata", "kind": "exclusive"},
         )
     ]
     operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
@@ -271,65 +273,66 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         if r.handle.location is not None and (r.handle.type == SEGMENT or r.role == ROLE_CHANGELOG)
     }
     physical: dict[str, list[FileReference]] = {}
-    # (operator, subtask, key groups, foreign) -> the group's columns: paths, sizes, shared,
+    # (operator, subtask, key groups, foreign, role, kind) -> the group's columns: paths, sizes,
     # details; the references of one handle come in a row, so the last key is checked first
-    columns: dict[tuple[Any, ...], tuple[list[Any], list[Any], list[Any], list[Any]]] = {}
+    columns: dict[tuple[Any, ...], tuple[list[str], list[int], list[dict[str, Any] | None]]] = {}
     last_key: tuple[Any, ...] | None = None
     paths: list[str] = []
     sizes: list[int] = []
-    shared: list[bool] = []
-    notes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any] | None] = []
     for r in references:  # once per handle: tens of thousands
         h = r.handle
         location = h.location
         if location is None:
             continue  # inline and empty handles: no file
-        if location in ranged:
+        if ranged and location in ranged:
             physical.setdefault(location, []).append(r)
             continue
-        role, kind = r.role, h.kind
         kg = r.key_groups
-        # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
-        # job's file, if the catalog has that job, and used by more than this snapshot
-        foreign = kind == KIND_FOREIGN
         key = (
             r.operator_id,
             r.subtask,
             kg if kg is not None and kg.start <= kg.end else None,  # a non-empty range
-            foreign,
+            h.kind,
+            r.role,
         )
         if key != last_key:
             cols = columns.get(key)
             if cols is None:
-                cols = columns[key] = ([], [], [], [])
-            paths, sizes, shared, notes = cols
+                cols = columns[key] = ([], [], [])
+            paths, sizes, notes = cols
             last_key = key
-        details: dict[str, Any] = {"role": role, "kind": kind}
-        if r.local_path:
-            details["local_path"] = r.local_path
-        if h.relocated:  # where Flink wrote it, when that is not where it is
-            details["relocated"] = True
-            details["flink_path"] = h.name
-        if h.type not in ("file", "relative"):
-            details["handle"] = h.type
+        local = r.local_path
+        if h.relocated or h.type not in ("file", "relative"):
+            details: dict[str, Any] = {"local_path": local} if local else {}
+            if h.relocated:  # where Flink wrote it, when that is not where it is
+                details["relocated"] = True
+                details["flink_path"] = h.name
+            if h.type not in ("file", "relative"):
+                details["handle"] = h.type
+            notes.append(details)
+        else:
+            notes.append({"local_path": local} if local else None)
         paths.append(to_url(location))
         sizes.append(h.size)
-        # shared state, and anything the task managers own: a changelog backend's
-        # materialized state in taskowned/ serves every checkpoint until the next one
-        shared.append(role == ROLE_SHARED or foreign or kind == KIND_TASKOWNED)
-        notes.append(details)
-    for (operator_id, subtask, kg, foreign), (paths, sizes, shared, notes) in columns.items():
+    for (operator_id, subtask, kg, kind, role), (paths, sizes, notes) in columns.items():
+        # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
+        # job's file, if the catalog has that job, and used by more than this snapshot
+        foreign = kind == KIND_FOREIGN
         groups.append(
             FileGroup(
                 paths,
                 sizes,
-                shared,
-                details=notes,
+                # shared state, and anything the task managers own: a changelog backend's
+                # materialized state in taskowned/ serves every checkpoint until the next one
+                role == ROLE_SHARED or foreign or kind == KIND_TASKOWNED,
+                details=None if notes.count(None) == len(notes) else notes,
                 operator=operators.get(operator_id, operator_id),
                 subtask=subtask if subtask >= 0 else None,
                 key_group_start=None if kg is None else kg.start,
                 key_group_end=None if kg is None else kg.end,
                 foreign=foreign,
+                common_details={"role": role, "kind": kind},
             )
         )
     for location, parts in physical.items():

@@ -487,6 +487,62 @@ def test_a_file_group_attaches_what_its_files_as_refs_would(catalog: Catalog) ->
     assert catalog.snapshot_files_summary(sid).files == 1
 
 
+def test_a_groups_common_details_are_every_files_under_its_own(catalog: Catalog) -> None:
+    """Details a group gives once read back as each file's, merged under the file's own (its own
+    win on a key both give): the same listing as refs with the merged details. A forgotten file
+    leaves the others their common details."""
+    common = {"role": "shared", "kind": "shared"}
+    own = [{"local_path": "000001.sst"}, None, {"kind": "foreign", "n": [1, 2]}]
+    group = FileGroup(
+        ["shared/1.sst", "shared/2.sst", "shared/3.sst"],
+        [5, 6, 7],
+        True,
+        details=own,
+        operator="agg",
+        subtask=0,
+        key_group_start=0,
+        key_group_end=63,
+        common_details=common,
+    )
+    merged = replace(group, details=[{**common, **(d or {})} for d in own], common_details=None)
+    listings = []
+    for job, g in (("common", group), ("merged", merged)):
+        sid = _snapshot(catalog, job)
+        catalog.attach_files(sid, [replace(g, paths=[f"/{job}/{p}" for p in g.paths])])
+        listings.append(sorted(_listing(catalog, sid), key=repr))
+    assert listings[0] == listings[1]
+    assert [d for *_, d in listings[0]] == [
+        {"role": "shared", "kind": "shared", "local_path": "000001.sst"},
+        {"role": "shared", "kind": "shared"},
+        {"role": "shared", "kind": "foreign", "n": [1, 2]},
+    ]
+    sid = catalog.list_snapshots("common")[0].id
+    catalog.complete_snapshot(sid, 0)
+    catalog.discard_snapshot(sid)
+    token = catalog.acquire_lease("files", "expire", 60)
+    catalog.forget_files("common", ["/common/shared/1.sst"], lease="files", token=token)
+    assert [f.details for f in catalog.snapshot_files(sid)] == [
+        {"role": "shared", "kind": "shared"},
+        {"role": "shared", "kind": "foreign", "n": [1, 2]},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("common", "message"),
+    [(["role", "shared"], "must be a dict"), ({"bad": {1, 2}}, "must be JSON")],
+)
+def test_common_details_that_are_not_a_json_object_are_refused_whole(
+    catalog: Catalog, common: object, message: str
+) -> None:
+    sid = _snapshot(catalog)
+    group = FileGroup(["/o/shared/1.sst"], [5], True, common_details=common)  # type: ignore[arg-type]
+    with pytest.raises(
+        InvalidCatalogInput, match=f"common details of the group of /o/shared/1.sst {message}"
+    ):
+        catalog.attach_files(sid, [FileRef("/o/ok", 1), group])
+    assert catalog.snapshot_files(sid) == [] and catalog.known_paths("orders") == set()
+
+
 def _rows(g: FileGroup) -> list[FileRef]:
     return [
         FileRef(path, g.sizes[i], checksum=(g.checksums or [None] * len(g.paths))[i],

@@ -15,6 +15,7 @@ from sqlalchemy.pool import StaticPool
 from state_engine.catalog import (
     VERSION_TABLE,
     Catalog,
+    FileGroup,
     current_revision,
     downgrade,
     head_revision,
@@ -374,3 +375,47 @@ def test_0006_groups_every_reference_and_a_downgrade_unnests_them(empty_url: str
         ],
         key=repr,
     )
+
+
+def test_0007_downgrade_folds_common_details_into_every_files_entry(empty_url: str) -> None:
+    """A group's common details (revision 0007) are every file's after a downgrade: each file's
+    entry holds them under its own, so no reference loses what the writer recorded."""
+    upgrade(empty_url)
+    with Catalog.open(empty_url) as cat:
+        cat.register_job("a", max_parallelism=8)
+        sid = cat.begin_snapshot("a", location="file:///a/chk-1", parallelism=1).id
+        cat.attach_files(
+            sid,
+            [
+                FileGroup(
+                    ["file:///a/shared/1", "file:///a/shared/2"],
+                    [3, 4],
+                    True,
+                    details=[{"local_path": "000001.sst"}, None],
+                    common_details={"role": "shared", "kind": "shared"},
+                ),
+                FileGroup(["file:///a/chk-1/_metadata"], [5]),
+            ],
+        )
+        before = sorted((f.path, f.details) for f in cat.snapshot_files(sid))
+    assert before[1:] == [
+        ("file:///a/shared/1", {"role": "shared", "kind": "shared", "local_path": "000001.sst"}),
+        ("file:///a/shared/2", {"role": "shared", "kind": "shared"}),
+    ]
+    downgrade(empty_url, "0006")
+    engine = create_engine(parse_url(empty_url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT details FROM sk_snapshot_file_groups ORDER BY id").columns(
+                    details=JSON
+                )
+            ).all()
+            columns = {c["name"] for c in inspect(conn).get_columns("sk_snapshot_file_groups")}
+    finally:
+        engine.dispose()
+    assert "common_details" not in columns
+    assert [r[0] for r in rows] == [[before[1][1], before[2][1]], None]
+    upgrade(empty_url)
+    with Catalog.open(empty_url) as cat:
+        assert sorted((f.path, f.details) for f in cat.snapshot_files(sid)) == before

@@ -41,6 +41,7 @@ import os
 import posixpath
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -86,14 +87,16 @@ JOB_DIR_PARTS = ("shared", "taskowned")
 
 @dataclass
 class Listing:
-    """One PATH: its store, root, role and every file under it (path on the store -> size; 0
-    for local directories, which are listed without a stat per file)."""
+    """One PATH: its store, root, role, every file under it (path on the store -> size; 0
+    for local directories, which are listed without a stat per file) and the names of the
+    directories right under the root that hold files."""
 
     url: str
     store: FileStore
     root: str
     role: str
     files: dict[str, int]
+    directories: set[str] = field(default_factory=set)
     _outside: dict[str, bool] = field(default_factory=dict)
 
     def to_url(self, path: str) -> str:
@@ -207,11 +210,8 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
         files = dict.fromkeys(store.file_paths(root), 0)
     else:
         files = {f"{root.rstrip('/')}/{f.path}": f.size for f in store.find(root)}
-    children = {_child(p, root) for p in files}
-    children.discard(None)
-    top_dirs = {
-        c for c in children if c is not None and any(f.startswith(f"{root}/{c}/") for f in files)
-    }
+    skip = len(root) + 1
+    top_dirs = {p[skip:cut] for p in files if (cut := p.find("/", skip)) > 0}
     if f"{root}/{METADATA_FILE_NAME}" in files:
         role = ROLE_SAVEPOINT
     elif any(CHK_DIR.match(c) for c in top_dirs) or top_dirs & set(JOB_DIR_PARTS):
@@ -232,13 +232,7 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
             f"{url} is not a Flink job checkpoint directory (chk-N/, shared/), a savepoint "
             f"directory (_metadata) or a directory of savepoints{hint}"
         )
-    return Listing(url, store, root, role, files)
-
-
-def _child(path: str, root: str) -> str | None:
-    rel = path[len(root) + 1 :]
-    head, sep, _ = rel.partition("/")
-    return head if sep else None
+    return Listing(url, store, root, role, files, top_dirs)
 
 
 def operator_key(uid: str, operator_id: str) -> str:
@@ -264,57 +258,58 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         )
     ]
     operators = {op.operator_id: operator_key(op.uid, op.operator_id) for op in meta.operators}
-    references = meta.references()
+    runs = meta.handle_runs()
     # files whose handles give ranges, not the file's size: file merging's segments, a
     # changelog's files (every handle of such a file is one of its ranges)
     ranged = {
-        r.handle.location
-        for r in references
-        if r.handle.location is not None and (r.handle.type == SEGMENT or r.role == ROLE_CHANGELOG)
+        h.location
+        for run in runs
+        for h in run.handles
+        if h.location is not None and (h.type == SEGMENT or run.role == ROLE_CHANGELOG)
     }
     physical: dict[str, list[FileReference]] = {}
-    # (operator, subtask, key groups, foreign, role, kind) -> the group's columns: paths, sizes,
-    # details; the references of one handle come in a row, so the last key is checked first
+    # (operator, subtask, key groups, kind, role) -> the group's columns: paths, sizes, details
     columns: dict[tuple[Any, ...], tuple[list[str], list[int], list[dict[str, Any] | None]]] = {}
-    last_key: tuple[Any, ...] | None = None
-    paths: list[str] = []
-    sizes: list[int] = []
-    notes: list[dict[str, Any] | None] = []
-    for r in references:  # once per handle: tens of thousands
-        h = r.handle
-        location = h.location
-        if location is None:
-            continue  # inline and empty handles: no file
-        if ranged and location in ranged:
-            physical.setdefault(location, []).append(r)
-            continue
-        kg = r.key_groups
-        key = (
-            r.operator_id,
-            r.subtask,
-            kg if kg is not None and kg.start <= kg.end else None,  # a non-empty range
-            h.kind,
-            r.role,
-        )
-        if key != last_key:
-            cols = columns.get(key)
-            if cols is None:
-                cols = columns[key] = ([], [], [])
-            paths, sizes, notes = cols
-            last_key = key
-        local = r.local_path
-        if h.relocated or h.type not in ("file", "relative"):
-            details: dict[str, Any] = {"local_path": local} if local else {}
-            if h.relocated:  # where Flink wrote it, when that is not where it is
-                details["relocated"] = True
-                details["flink_path"] = h.name
-            if h.type not in ("file", "relative"):
-                details["handle"] = h.type
-            notes.append(details)
-        else:
-            notes.append({"local_path": local} if local else None)
-        paths.append(to_url(location))
-        sizes.append(h.size)
+    for run in runs:
+        role, operator_id, subtask, kg = run.role, run.operator_id, run.subtask, run.key_groups
+        if kg is not None and kg.start > kg.end:
+            kg = None  # an empty range: none
+        local_paths = run.local_paths
+        last_kind = None  # a run's files are mostly of one kind: the group is looked up again
+        paths: list[str] = []  # when the kind changes
+        sizes: list[int] = []
+        notes: list[dict[str, Any] | None] = []
+        for i, h in enumerate(run.handles):  # tens of thousands
+            location = h.location
+            if location is None:
+                continue  # inline and empty handles: no file
+            if ranged and location in ranged:
+                local = local_paths[i] if local_paths else ""
+                ref = FileReference(
+                    role, h, operator_id, subtask, local, run.key_groups, run.offsets
+                )
+                physical.setdefault(location, []).append(ref)
+                continue
+            kind = h.kind
+            if kind != last_kind:
+                cols = columns.get((operator_id, subtask, kg, kind, role))
+                if cols is None:
+                    cols = columns[(operator_id, subtask, kg, kind, role)] = ([], [], [])
+                paths, sizes, notes = cols
+                last_kind = kind
+            local = local_paths[i] if local_paths else ""
+            if h.relocated or h.type not in ("file", "relative"):
+                details: dict[str, Any] = {"local_path": local} if local else {}
+                if h.relocated:  # where Flink wrote it, when that is not where it is
+                    details["relocated"] = True
+                    details["flink_path"] = h.name
+                if h.type not in ("file", "relative"):
+                    details["handle"] = h.type
+                notes.append(details)
+            else:
+                notes.append({"local_path": local} if local else None)
+            paths.append(to_url(location))
+            sizes.append(h.size)
     for (operator_id, subtask, kg, kind, role), (paths, sizes, notes) in columns.items():
         # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
         # job's file, if the catalog has that job, and used by more than this snapshot
@@ -576,22 +571,32 @@ def _import(
         for item in todo:
             item.groups = [_shared_where(g, taken) for g in item.groups]
 
-    if record is None:
-        max_p = max((_catalog_parallelism(m)[1] for _, m in found), default=None)
-        location = next((lst.root_url for lst in listings if lst.role == ROLE_CHECKPOINTS), None)
-        catalog.register_job(
-            job,
-            max_parallelism=max_p or 128,
-            location=location or (listings[0].root_url if listings else None),
-            origin="flink",
-        )
-    for listing in listings:
-        catalog.claim_directory(job, listing.root_url, listing.role)
-    if adopt:
-        catalog.adopt_files(job, adopt)
-    for chunk in _chunks(todo):
-        _write_snapshots(catalog, job, chunk, report)
-    _mark_vanished(catalog, job, listings, present, report)
+    def register() -> None:
+        """The job (if new), its directories and the files it takes over."""
+        if record is None:
+            max_p = max((_catalog_parallelism(m)[1] for _, m in found), default=None)
+            location = next(
+                (lst.root_url for lst in listings if lst.role == ROLE_CHECKPOINTS), None
+            )
+            catalog.register_job(
+                job,
+                max_parallelism=max_p or 128,
+                location=location or (listings[0].root_url if listings else None),
+                origin="flink",
+            )
+        for listing in listings:
+            catalog.claim_directory(job, listing.root_url, listing.role)
+        if adopt:
+            catalog.adopt_files(job, adopt)
+
+    chunks = _chunks(todo)
+    if not chunks:
+        with catalog.batch():
+            register()
+    for i, chunk in enumerate(chunks):  # registered with the first: all of it or none
+        _write_snapshots(catalog, job, chunk, report, before=register if i == 0 else None)
+    if record is not None:  # a job registered just now has no snapshot that could have vanished
+        _mark_vanished(catalog, job, listings, present, report)
     return report
 
 
@@ -667,18 +672,11 @@ def _read_snapshots(
                 raise FlinkMetadataError(f"{exc}; nothing was imported") from None
             found.append((listing, meta))
         if listing.role == ROLE_CHECKPOINTS:
-            skip = len(listing.root.rstrip("/")) + 1
-            heads: set[str] = set()  # first path components seen: each checked once
-            for p in listing.files:
-                head, sep, _ = p[skip:].partition("/")
-                if sep and head not in heads:
-                    heads.add(head)
-                    parent = f"{listing.root.rstrip('/')}/{head}"
-                    if (
-                        CHK_DIR.match(head)
-                        and f"{parent}/{METADATA_FILE_NAME}" not in listing.files
-                    ):
-                        report.in_flight.append(listing.to_url(parent))
+            root = listing.root.rstrip("/")
+            for head in sorted(listing.directories):
+                parent = f"{root}/{head}"
+                if CHK_DIR.match(head) and f"{parent}/{METADATA_FILE_NAME}" not in listing.files:
+                    report.in_flight.append(listing.to_url(parent))
     return found
 
 
@@ -711,9 +709,10 @@ def _plan(
         if reason is None and prior is None:
             missing = sorted(
                 {
-                    r.handle.location or r.handle.name
-                    for r in meta.file_references()
-                    if not r.handle.exists
+                    h.location or h.name
+                    for run in meta.handle_runs()
+                    for h in run.handles
+                    if h.location is not None and not h.exists
                 }
             )
             if missing:
@@ -845,17 +844,24 @@ def _chunks(todo: list[_ToImport]) -> list[list[_ToImport]]:
 
 
 def _write_snapshots(
-    catalog: Catalog, job: str, items: list[_ToImport], report: ImportReport
+    catalog: Catalog,
+    job: str,
+    items: list[_ToImport],
+    report: ImportReport,
+    before: Callable[[], None] | None = None,
 ) -> None:
     """Write ``items`` into the catalog in one transaction: each snapshot begun (or its PENDING
     record resumed), every file attached in one call (a file that several of them reference is
     looked up and written once), key-group stats recorded, each snapshot completed. A crash
-    leaves all of them imported or none."""
+    leaves all of them imported or none. ``before``: catalog calls to make first, in the same
+    transaction."""
     # Counted before the transaction: a canonical savepoint's records are counted by reading its
     # files, and the transaction holds the catalog's writer lock.
     stats = [key_group_stats(item.meta) for item in items]
     done: list[tuple[SnapshotRecord, bool, _ToImport]] = []
     with catalog.batch():
+        if before is not None:
+            before()
         begun: list[tuple[SnapshotRecord, bool, _ToImport]] = []
         for item in items:
             if item.prior is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import posixpath
 import re
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,18 +211,25 @@ class KeyedStateHandle:
 
     def stream_handles(self) -> Iterator[tuple[str, StreamHandle, str]]:
         """Every stream handle below this one as ``(role, handle, local_path)``."""
+        for role, handles, local_paths in self.handle_runs():
+            for i, h in enumerate(handles):
+                yield role, h, local_paths[i] if local_paths else ""
+
+    def handle_runs(self) -> Iterator[tuple[str, Sequence[StreamHandle], Sequence[str]]]:
+        """The stream handles below this one, a run per role in :meth:`stream_handles` order:
+        ``(role, handles, local_paths)``, the local paths position for position (RocksDB
+        shared and private files; empty for the other roles)."""
         if self.delegate is not None:
-            yield ROLE_KEYED_STATE, self.delegate, ""
+            yield ROLE_KEYED_STATE, (self.delegate,), ()
         if self.meta is not None:
-            yield ROLE_META, self.meta, ""
-        for lf in self.shared:
-            yield ROLE_SHARED, lf.handle, lf.local_path
-        for lf in self.private:
-            yield ROLE_PRIVATE, lf.handle, lf.local_path
-        for h in self.changelog_files:
-            yield ROLE_CHANGELOG, h, ""
+            yield ROLE_META, (self.meta,), ()
+        for role, files in ((ROLE_SHARED, self.shared), (ROLE_PRIVATE, self.private)):
+            if files:
+                yield role, [lf.handle for lf in files], [lf.local_path for lf in files]
+        if self.changelog_files:
+            yield ROLE_CHANGELOG, self.changelog_files, ()
         for nested in self.nested:
-            yield from nested.stream_handles()
+            yield from nested.handle_runs()
 
 
 @dataclass(frozen=True)
@@ -295,6 +302,37 @@ class OperatorState:
     @property
     def has_keyed_state(self) -> bool:
         return any(s.keyed_handles for s in self.subtasks)
+
+
+@dataclass(frozen=True, slots=True)
+class HandleRun:
+    """Stream handles of one role that one state handle of a subtask holds in a row: a RocksDB
+    handle's shared files, its private ones, a key-groups stream, an operator's coordinator
+    state. ``local_paths``: the RocksDB file names of shared and private files, position for
+    position (empty for the other roles); ``key_groups``/``offsets`` as in
+    :class:`FileReference`. A snapshot's runs are its references without an object per handle.
+    """
+
+    role: str
+    operator_id: str
+    subtask: int
+    handles: Sequence[StreamHandle]
+    local_paths: Sequence[str] = ()
+    key_groups: KeyGroupRange | None = None
+    offsets: tuple[int, ...] = ()
+
+    def references(self) -> Iterator[FileReference]:
+        local = self.local_paths
+        for i, h in enumerate(self.handles):
+            yield FileReference(
+                self.role,
+                h,
+                self.operator_id,
+                self.subtask,
+                local[i] if local else "",
+                self.key_groups,
+                self.offsets,
+            )
 
 
 @dataclass(frozen=True, init=False)
@@ -387,33 +425,47 @@ class FlinkSnapshotMetadata:
         known = ", ".join(f"{op.uid or '-'}/{op.operator_id}" for op in self.operators)
         raise KeyError(f"{self.metadata_path}: no operator {uid_or_id!r} (uid/id: {known})")
 
-    def references(self) -> list[FileReference]:
-        """Every handle of the snapshot with its role, inline ones included."""
-        cached: list[FileReference] | None = self.__dict__.get("_references")
+    def handle_runs(self) -> list[HandleRun]:
+        """Every handle of the snapshot, inline ones included, as runs (see :class:`HandleRun`)
+        in file order: per operator its coordinator state, then per subtask its operator
+        state, its keyed state handles' streams and its channel state."""
+        cached: list[HandleRun] | None = self.__dict__.get("_runs")
         if cached is not None:
             return cached
-        out: list[FileReference] = []
+        out: list[HandleRun] = []
         add = out.append
         for op in self.operators:
             op_id = op.operator_id
             if op.coordinator_state is not None:
-                add(FileReference(ROLE_COORDINATOR, op.coordinator_state, op_id, -1))
+                add(HandleRun(ROLE_COORDINATOR, op_id, -1, (op.coordinator_state,)))
             for st in op.subtasks:
                 index = st.index
                 for oh in (st.managed_operator_state, st.raw_operator_state):
                     if oh is not None and oh.delegate is not None:
-                        add(FileReference(ROLE_OPERATOR_STATE, oh.delegate, op_id, index))
+                        add(HandleRun(ROLE_OPERATOR_STATE, op_id, index, (oh.delegate,)))
                 for kh in st.keyed_handles:
                     kgr, offsets = kh.key_groups, kh.offsets
-                    for role, h, local in kh.stream_handles():
+                    for role, handles, local in kh.handle_runs():
                         offs = offsets if role == ROLE_KEYED_STATE else ()
-                        add(FileReference(role, h, op_id, index, local, kgr, offs))
-                for ch in (*st.input_channel_state, *st.output_channel_state):
-                    if ch.delegate is not None:
-                        add(FileReference(ROLE_CHANNEL_STATE, ch.delegate, op_id, index))
+                        add(HandleRun(role, op_id, index, handles, local, kgr, offs))
+                channels = [
+                    ch.delegate
+                    for ch in (*st.input_channel_state, *st.output_channel_state)
+                    if ch.delegate is not None
+                ]
+                if channels:
+                    add(HandleRun(ROLE_CHANNEL_STATE, op_id, index, channels))
         # computed once: the records are not changed after reading (the importer asks often)
-        self.__dict__["_references"] = out
+        self.__dict__["_runs"] = out
         return out
+
+    def references(self) -> list[FileReference]:
+        """Every handle of the snapshot with its role, inline ones included, in file order."""
+        cached: list[FileReference] | None = self.__dict__.get("_references")
+        if cached is None:
+            cached = [ref for run in self.handle_runs() for ref in run.references()]
+            self.__dict__["_references"] = cached
+        return cached
 
     def file_references(self) -> list[FileReference]:
         """References to on-disk files (inline and empty handles left out)."""
@@ -441,7 +493,7 @@ class FlinkSnapshotMetadata:
 
     @property
     def inline_handles(self) -> list[StreamHandle]:
-        return [r.handle for r in self.references() if r.handle.type == INLINE]
+        return [h for run in self.handle_runs() for h in run.handles if h.type == INLINE]
 
 
 class _Reader:
@@ -1076,9 +1128,10 @@ def metadata_from_bytes(
         operators,
         len(data),
     )
-    # Resolved through the references (every handle once, in file order), which importers read
-    # next: built here once, then cached.
-    resolver.resolve_all([ref.handle for ref in meta.references()])
+    # Every handle once, in file order, through the runs the importer reads next (built here
+    # once, then cached; no object per handle).
+    for run in meta.handle_runs():
+        resolver.resolve_all(run.handles)
     return meta
 
 

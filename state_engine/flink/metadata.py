@@ -27,7 +27,7 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from state_engine.checkpoint.storage import FileStore, open_url
 from state_engine.errors import (
@@ -170,6 +170,55 @@ class LocalFile:
         fields["handle"] = handle
 
 
+class LocalFiles(Sequence[LocalFile]):
+    """The files of a RocksDB handle as two columns, their local names and their handles, read
+    as :class:`LocalFile` records: an incremental checkpoint lists tens of thousands, and the
+    importer reads the columns (no object per file). Equal to another sequence of the same
+    records, a tuple of them included."""
+
+    __slots__ = ("handles", "names")
+
+    def __init__(self, names: Sequence[str] = (), handles: Sequence[StreamHandle] = ()) -> None:
+        if len(names) != len(handles):
+            raise ValueError(f"{len(names)} local names for {len(handles)} handles")
+        self.names = names
+        self.handles = handles
+
+    @classmethod
+    def of(cls, files: Iterable[LocalFile]) -> LocalFiles:
+        listed = list(files)
+        return cls([f.local_path for f in listed], [f.handle for f in listed])
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, i: int) -> LocalFile: ...
+    @overload
+    def __getitem__(self, i: slice) -> LocalFiles: ...
+    def __getitem__(self, i: int | slice) -> LocalFile | LocalFiles:
+        if isinstance(i, slice):
+            return LocalFiles(self.names[i], self.handles[i])
+        return LocalFile(self.names[i], self.handles[i])
+
+    def __iter__(self) -> Iterator[LocalFile]:
+        return map(LocalFile, self.names, self.handles)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LocalFiles):
+            return list(self.names) == list(other.names) and list(self.handles) == list(
+                other.handles
+            )
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable handles: not hashable, as a list
+
+    def __repr__(self) -> str:
+        return f"LocalFiles({list(self)!r})"
+
+
 @dataclass
 class KeyedStateHandle:
     """A keyed state handle of one subtask.
@@ -198,8 +247,8 @@ class KeyedStateHandle:
     backend_id: str = ""
     checkpointed_size: int = 0
     meta: StreamHandle | None = None
-    shared: tuple[LocalFile, ...] = ()
-    private: tuple[LocalFile, ...] = ()
+    shared: LocalFiles = field(default_factory=LocalFiles)
+    private: LocalFiles = field(default_factory=LocalFiles)
     nested: tuple[KeyedStateHandle, ...] = ()
     changelog_files: tuple[StreamHandle, ...] = ()
 
@@ -225,7 +274,7 @@ class KeyedStateHandle:
             yield ROLE_META, (self.meta,), ()
         for role, files in ((ROLE_SHARED, self.shared), (ROLE_PRIVATE, self.private)):
             if files:
-                yield role, [lf.handle for lf in files], [lf.local_path for lf in files]
+                yield role, files.handles, files.names
         if self.changelog_files:
             yield ROLE_CHANGELOG, self.changelog_files, ()
         for nested in self.nested:
@@ -613,16 +662,18 @@ def _read_key_groups(r: _Reader) -> tuple[KeyGroupRange, tuple[int, ...]]:
 _I64_FROM = struct.Struct(">q").unpack_from
 
 
-def _read_local_files(r: _Reader, what: str) -> tuple[LocalFile, ...]:
-    out = []
+def _read_local_files(r: _Reader, what: str) -> LocalFiles:
+    names: list[str] = []
+    handles: list[StreamHandle] = []
     name_what = f"a {what} file's local name"
     data = r.data
     end = len(data)
-    for _ in range(r.count(f"number of {what} files")):
+    count = r.count(f"number of {what} files")
+    pos = r.pos  # the cursor, kept here on the common entry and given back to r for the rest
+    for _ in range(count):
         # The common entry (an ASCII local name, then a file handle with an ASCII path) read
         # inline: tens of thousands per incremental checkpoint. Anything else, or anything
         # short, goes through the checked readers, which name what is wrong and where.
-        pos = r.pos
         if pos + 13 <= end:
             n = (data[pos] << 8) | data[pos + 1]
             at = pos + 2 + n
@@ -631,17 +682,22 @@ def _read_local_files(r: _Reader, what: str) -> tuple[LocalFile, ...]:
                 stop = at + 11 + m
                 raw_local, raw_path = data[pos + 2 : at], data[at + 11 : stop]
                 if stop <= end and raw_local.isascii() and raw_path.isascii():
-                    size = _I64_FROM(data, at + 1)[0]
-                    r.pos = stop
-                    handle = StreamHandle(FILE, raw_path.decode("ascii"), size)
-                    out.append(LocalFile(raw_local.decode("ascii"), handle))
+                    names.append(raw_local.decode("ascii"))
+                    handles.append(
+                        StreamHandle(FILE, raw_path.decode("ascii"), _I64_FROM(data, at + 1)[0])
+                    )
+                    pos = stop
                     continue
+        r.pos = pos
         local = r.utf(name_what)
         h = _read_stream_handle(r)
         if h is None:
             raise r.fail(f"a state handle for the {what} file {local!r}")
-        out.append(LocalFile(local, h))
-    return tuple(out)
+        names.append(local)
+        handles.append(h)
+        pos = r.pos
+    r.pos = pos
+    return LocalFiles(names, handles)
 
 
 def _read_keyed_handle(r: _Reader) -> KeyedStateHandle | None:

@@ -405,3 +405,18 @@ def test_references_and_local_files_are_frozen_value_records(
     with pytest.raises(dataclasses.FrozenInstanceError):
         lf.local_path = "b"  # type: ignore[misc]
     assert repr(lf) == f"LocalFile(local_path='000001.sst', handle={h!r})"
+
+
+def test_a_rocksdb_handles_files_read_as_records_and_compare_as_a_tuple_of_them() -> None:
+    """A RocksDB handle keeps its files as columns (names, handles); reading them gives the
+    LocalFile records, in order, and they compare equal to a tuple of the same records."""
+    a, b = md.StreamHandle(md.FILE, "/s/a", 1), md.StreamHandle(md.FILE, "/s/b", 2)
+    files = md.LocalFiles(["000001.sst", "000002.sst"], [a, b])
+    records = (md.LocalFile("000001.sst", a), md.LocalFile("000002.sst", b))
+    assert list(files) == list(records) and files[1] == records[1] and len(files) == 2
+    assert files == records and files == md.LocalFiles.of(records) and files != records[:1]
+    assert files[:1] == records[:1] and isinstance(files[:1], md.LocalFiles)
+    assert md.LocalFiles() == () and not md.LocalFiles()
+    assert repr(files[:1]) == f"LocalFiles([{records[0]!r}])"
+    with pytest.raises(ValueError, match="1 local names for 2 handles"):
+        md.LocalFiles(["000001.sst"], [a, b])

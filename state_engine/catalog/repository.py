@@ -489,18 +489,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             every: dict[str, None] = {}
             for first in firsts:
                 every.update(dict.fromkeys(first))
-            where, paths = bulk.in_list("path", list(every))
-            # Locked on PostgreSQL: a concurrent forget_files (expire, orphan cleanup) either
-            # waits for this transaction and sees the new reference, or deletes the row first
-            # and this call refuses the reused path (SQLite's writer lock serialises the two).
-            files = {
-                path: _FileState(fid, file_job_id, size, checksum, created_by)
-                for path, fid, file_job_id, size, checksum, created_by in bulk.select(
-                    "SELECT path, id, job_id, size, checksum, created_by_snapshot_id "
-                    f"FROM sk_files WHERE {where}{' FOR UPDATE' if bulk.postgres else ''}",
-                    (paths,),
-                )
-            }
+            files = _known_files(bulk, list(every))
             already = self._referenced(bulk, ids, [f.id for f in files.values()])
             known = set(files)
             # new files: (group, position, snapshot) of their creator, in the order first met;
@@ -1393,6 +1382,31 @@ def _resolve_job(s: Session, job: str | int) -> Job:
     if row is None:
         raise NoSuchJob(f"no job {job!r} in the catalog; list the known jobs with `statectl jobs`")
     return row
+
+
+def _known_files(bulk: Bulk, paths: list[str]) -> dict[str, _FileState]:
+    """The files the catalog has at ``paths`` (any job's), as the call finds them.
+
+    Locked on PostgreSQL: a concurrent forget_files (expire, orphan cleanup) either waits for
+    this transaction and sees the new reference, or deletes the row first and the attach refuses
+    the reused path (SQLite's writer lock serialises the two). On SQLite, which orders text as
+    Python does (by code point), none is looked up when no known path sorts between the least
+    and the greatest of them (a new job's first import, a directory new to the catalog): one
+    index probe instead of one per path.
+    """
+    if not bulk.postgres and not bulk.select(
+        "SELECT 1 FROM sk_files WHERE path BETWEEN ? AND ? LIMIT 1", (min(paths), max(paths))
+    ):
+        return {}
+    where, values = bulk.in_list("path", paths)
+    return {
+        path: _FileState(fid, file_job_id, size, checksum, created_by)
+        for path, fid, file_job_id, size, checksum, created_by in bulk.select(
+            "SELECT path, id, job_id, size, checksum, created_by_snapshot_id "
+            f"FROM sk_files WHERE {where}{' FOR UPDATE' if bulk.postgres else ''}",
+            (values,),
+        )
+    }
 
 
 def _files_outside(bulk: Bulk, job_id: int | None) -> bool:

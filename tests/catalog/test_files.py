@@ -679,3 +679,28 @@ def test_attaching_to_snapshots_of_two_jobs_or_one_snapshot_twice_is_refused(
     with pytest.raises(InvalidCatalogInput, match="appears twice"):
         catalog.attach_files_many([(a, [FileRef("/a/x", 1)]), (a, [FileRef("/a/y", 1)])])
     assert catalog.snapshot_files(a) == [] and catalog.snapshot_files(b) == []
+
+
+@pytest.mark.parametrize("which", ["least", "greatest", "between"])
+def test_a_known_file_is_found_wherever_its_path_sorts_among_the_new_ones(
+    catalog: Catalog, which: str
+) -> None:
+    """The attach looks up the paths it is given (skipping the lookup only when no known path
+    sorts between the least and the greatest of them): a known file at either end of that range,
+    or inside it, is found as known: reused if shared, refused if another job's."""
+    paths = {"least": "/o/shared/a", "between": "/o/shared/m", "greatest": "/o/shared/z"}
+    first = _snapshot(catalog)
+    catalog.attach_files(first, [FileRef(paths[which], 5, shared=True)])
+    catalog.complete_snapshot(first, 0)
+    refs = [FileRef(p, 5, shared=True) for p in paths.values()]
+    other = _snapshot(catalog, "other")
+    with pytest.raises(FileAlreadyRegistered, match=paths[which]):
+        catalog.attach_files(other, refs)
+    assert catalog.known_paths("other") == set()
+    second = catalog.begin_snapshot("orders", location="file:///2", parallelism=4).id
+    catalog.attach_files(second, refs)
+    files = {f.path: f for f in catalog.snapshot_files(second)}
+    assert files[paths[which]].created_by_snapshot_id == first
+    assert {p for p, f in files.items() if f.created_by_snapshot_id == second} == set(
+        paths.values()
+    ) - {paths[which]}

@@ -1429,8 +1429,12 @@ def _no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
 
 
 # json.dumps(..., allow_nan=False) builds a new encoder per call; one shared encoder writes the
-# same text (attach_files encodes a group's ids and details per group, thousands of values each)
-_encode = json.JSONEncoder(allow_nan=False).encode
+# same text (attach_files encodes a group's ids and details per group, thousands of values each).
+# Without the circular check (half the cost on thousands of small dicts): a value that contains
+# itself ends in a RecursionError, which the callers word as as_json does.
+_encode = json.JSONEncoder(allow_nan=False, check_circular=False).encode
+#: what _encode raises on a value JSON cannot hold
+_NOT_JSON = (TypeError, ValueError, RecursionError)
 
 
 def _as_groups(files: Iterable[FileRef | FileGroup]) -> list[FileGroup]:
@@ -1572,10 +1576,10 @@ def _group_rows(
     out = []
     for g in groups:
         text = None
-        if g.details is not None and any(d is not None for d in g.details):
+        if g.details is not None and g.details.count(None) != len(g.details):
             try:
                 text = _encode(list(g.details))
-            except (TypeError, ValueError):
+            except _NOT_JSON:
                 for path, d in zip(g.paths, g.details, strict=True):  # which one: as_json says
                     as_json(d, f"details of {path}")
                 raise
@@ -1586,7 +1590,7 @@ def _group_rows(
                 raise InvalidCatalogInput(f"{what} must be a dict, not {g.common_details!r}")
             try:
                 common = _encode(g.common_details)
-            except (TypeError, ValueError):
+            except _NOT_JSON:
                 as_json(g.common_details, what)
                 raise
         ids = _encode([path_ids[p] for p in g.paths])

@@ -449,6 +449,23 @@ def test_details_that_are_not_json_name_the_reference_and_attach_nothing(catalog
     assert catalog.known_paths("orders") == set()
 
 
+def test_details_that_contain_themselves_name_the_reference_and_attach_nothing(
+    catalog: Catalog,
+) -> None:
+    sid = _snapshot(catalog)
+    loop: dict[str, object] = {"role": "shared"}
+    loop["again"] = loop
+    group = FileGroup(
+        ["/o/shared/1.sst", "/o/shared/2.sst"], [5, 5], True, [None, None], [None, loop]
+    )
+    with pytest.raises(InvalidCatalogInput, match="details of /o/shared/2.sst must be JSON"):
+        catalog.attach_files(sid, [group])
+    with pytest.raises(InvalidCatalogInput, match="common details of the group of /o/shared/1"):
+        catalog.attach_files(sid, [FileGroup(["/o/shared/1.sst"], [5], True, common_details=loop)])
+    assert catalog.snapshot_files(sid) == []
+    assert catalog.known_paths("orders") == set()
+
+
 def _listing(catalog: Catalog, snapshot_id: int) -> list[tuple[object, ...]]:
     return [
         (f.path.split("/", 2)[-1], f.size, f.checksum, f.shared, f.operator, f.subtask,

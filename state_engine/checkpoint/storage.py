@@ -314,6 +314,37 @@ def _walk_local(root: str, stat: bool) -> Iterator[tuple[str, int, float | None]
                 yield entry.path, st.st_size, st.st_mtime
 
 
+def _local_file_paths(root: str) -> list[str]:
+    """The paths of :func:`_walk_local` without ``stat`` (no tuple per file): every file under
+    local directory ``root``, links to directories walked, what is removed meanwhile skipped."""
+    out: list[str] = []
+    add = out.append
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            if directory == root:  # a file named as the root: itself
+                add(root)
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir():
+                        stack.append(entry.path)
+                        continue
+                except FileNotFoundError:  # gone meanwhile, or a dangling link: its own stat
+                    try:
+                        entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                add(entry.path)
+    return out
+
+
 def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
     proto = fs.protocol
     return tuple(proto) if isinstance(proto, tuple | list) else (proto,)
@@ -378,6 +409,13 @@ class FileStore:
             return "file://" + path
         return str(self._fs.unstrip_protocol(self._fs._strip_protocol(path)))
 
+    def urls_of(self, paths: list[str]) -> list[str]:
+        """:meth:`url_of` of each of ``paths`` (a snapshot's thousands of files in one call)."""
+        if not self._local:
+            return [self.url_of(p) for p in paths]
+        url_of = self.url_of
+        return ["file://" + p if p[:1] == "/" and "//" not in p else url_of(p) for p in paths]
+
     # --- queries ---
 
     def exists(self, path: str) -> bool:
@@ -417,7 +455,7 @@ class FileStore:
         stat per file (what a caller needs when only which files exist matters)."""
         base = path.rstrip("/") or "/"
         if self.is_local:
-            return [p for p, _, _ in _walk_local(base, False)]
+            return _local_file_paths(base)
         if not self._fs.exists(base):
             return []
         return [str(p) for p in self._fs.find(base)]

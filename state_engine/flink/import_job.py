@@ -268,7 +268,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         if h.location is not None and (h.type == SEGMENT or run.role == ROLE_CHANGELOG)
     }
     physical: dict[str, list[FileReference]] = {}
-    # (operator, subtask, key groups, kind, role) -> the group's columns: paths, sizes, details
+    # (operator, subtask, key groups, kind, role) -> the group's columns: locations, sizes, details
     columns: dict[tuple[Any, ...], tuple[list[str], list[int], list[dict[str, Any] | None]]] = {}
     for run in runs:
         role, operator_id, subtask, kg = run.role, run.operator_id, run.subtask, run.key_groups
@@ -308,7 +308,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
                 notes.append(details)
             else:
                 notes.append({"local_path": local} if local else None)
-            paths.append(to_url(location))
+            paths.append(location)  # made URLs per group, below
             sizes.append(h.size)
     for (operator_id, subtask, kg, kind, role), (paths, sizes, notes) in columns.items():
         # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
@@ -316,7 +316,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         foreign = kind == KIND_FOREIGN
         groups.append(
             FileGroup(
-                paths,
+                store.urls_of(paths),
                 sizes,
                 # shared state, and anything the task managers own: a changelog backend's
                 # materialized state in taskowned/ serves every checkpoint until the next one

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from state_engine.checkpoint.storage import (
     CheckpointStorage,
@@ -269,3 +272,29 @@ def test_a_savepoint_never_takes_a_directory_that_holds_anything(
     with pytest.raises(InvalidSnapshotPath, match="not empty"):
         storage.savepoint("job", 2, target)
     assert len(storage.list_files("job")) == 1
+
+
+@given(
+    paths=st.lists(st.text(alphabet="/ab.:%é ", max_size=12).map(lambda p: p or "x"), max_size=8)
+)
+def test_urls_of_many_paths_are_url_of_each(paths: list[str]) -> None:
+    store, _ = FileStore.at("/tmp")
+    assert store.urls_of(paths) == [store.url_of(p) for p in paths]
+
+
+def test_file_paths_lists_every_file_below_through_directories_and_links(tmp_path: Path) -> None:
+    """Which files exist under a local directory, without a stat each: nested directories and
+    a link to a directory are walked (as fsspec's find does), a dangling link is listed."""
+    (tmp_path / "root" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    for rel in ("root/top", "root/a/mid", "root/a/b/deep", "elsewhere/linked"):
+        (tmp_path / rel).write_bytes(b"x")
+    (tmp_path / "root" / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "root" / "dangling").symlink_to(tmp_path / "nowhere")
+    store, root = FileStore.at(str(tmp_path / "root"))
+    base = str(tmp_path / "root")
+    assert sorted(store.file_paths(root)) == sorted(
+        f"{base}/{rel}" for rel in ("top", "a/mid", "a/b/deep", "link/linked", "dangling")
+    )
+    assert store.file_paths(f"{base}/top") == [f"{base}/top"]  # a file named as the root
+    assert store.file_paths(f"{base}/missing") == []

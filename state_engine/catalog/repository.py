@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from itertools import repeat
 from typing import Any, Self, cast
 
 from sqlalchemy import (
@@ -584,23 +585,29 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             )
         new_ids = bulk.allocate_ids(File.__tablename__, len(created))
         stamp = bulk.bind(File.__table__.c.created_at, self.now())
-        rows = []
-        row: tuple[int, str | None, bool, int, int | None, int]
+        rows: list[tuple[Any, ...]] = []
         for fid, (path, (g, i, sid)) in zip(new_ids, created.items(), strict=True):
             path_ids[path] = fid
             state = files.get(path)
-            if state is None:  # one snapshot's alone
-                row = (g.sizes[i], _checksum(g, i), g.is_shared(i), sid, sid, 1)
+            if state is None:  # one snapshot's alone (ten thousand a checkpoint: no calls)
+                checksum = None if g.checksums is None else g.checksums[i]
+                shared = g.shared if type(g.shared) is bool else bool(g.shared[i])
+                rows.append((fid, job_id, path, g.sizes[i], checksum, shared, sid, sid, 1, stamp))
             else:
-                row = (
-                    state.size,
-                    state.checksum,
-                    state.shared,
-                    sid,
-                    state.last_used,
-                    state.refs + 1,
+                rows.append(
+                    (
+                        fid,
+                        job_id,
+                        path,
+                        state.size,
+                        state.checksum,
+                        state.shared,
+                        sid,
+                        state.last_used,
+                        state.refs + 1,
+                        stamp,
+                    )
                 )
-            rows.append((fid, job_id, path, *row, stamp))
         bulk.insert_many(
             File.__tablename__,
             (
@@ -1551,6 +1558,10 @@ def _check_file_groups(
                 check_int(start, f"key_group_start of {where}", 0, top)
             if type(end) is not int or not start <= end <= top:
                 check_int(end, f"key_group_end of {where}", start, top)
+        if first.keys().isdisjoint(paths) and len(set(paths)) == n:
+            # every path new: no call per file
+            first.update(zip(paths, zip(repeat(g, n), range(n), strict=True), strict=True))
+            continue
         for i, path in enumerate(paths):
             prev = first.get(path)
             if prev is None:

@@ -132,10 +132,13 @@ class Listing:
         return depth == 1
 
     def metadata_files(self) -> list[str]:
-        """Paths of the completed snapshots' ``_metadata`` under the root."""
-        suffix = "/" + METADATA_FILE_NAME
+        """Paths of the completed snapshots' ``_metadata`` under the root (a role looks for
+        them in the root or a directory right under it: those are asked, not every file)."""
+        root = self.root.rstrip("/")
+        candidates = [f"{root}/{d}/{METADATA_FILE_NAME}" for d in self.directories]
+        candidates.append(f"{root}/{METADATA_FILE_NAME}")
         return sorted(
-            p for p in self.files if p.endswith(suffix) and self.looks_in(posixpath.dirname(p))
+            p for p in candidates if p in self.files and self.looks_in(posixpath.dirname(p))
         )
 
 
@@ -512,7 +515,7 @@ def _summary(
         "kind": snap.kind,
         "format": snap.format,
         "location": snap.location,
-        "files": len({p for g in groups for p in g.paths}),
+        "files": len(set().union(*(g.paths for g in groups))),
         "bytes": snap.bytes,
         "relocated": sum(
             1 for g in groups for d in g.details or () if d is not None and d.get("relocated")
@@ -791,7 +794,7 @@ def _files_to_adopt(
     of that job's), naming that job. A snapshot's foreign references to other jobs'
     files are what they are: references. One indexed lookup of the new snapshots' paths,
     whatever the number of jobs and their files."""
-    own = {p for item in todo for g in item.groups if not g.foreign for p in g.paths}
+    own = set().union(*(g.paths for item in todo for g in item.groups if not g.foreign))
     others = catalog.path_owners(own, other_than=job) if own else {}
     if not others:
         return []

@@ -509,9 +509,22 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         f = files[path] = _FileState(
                             0, job_id, cg.sizes[ci], _checksum(cg, ci), csid, cg.is_shared(ci), csid
                         )
-                    _check_reuse(
-                        g, i, sid, job_id, f.id, f.job_id, f.size, f.checksum, f.created_by
-                    )
+                    # The common reuse (this job's file, the same size, no checksum, shared or
+                    # the snapshot's own) passes without a call: thousands a checkpoint. Any
+                    # other is checked, and refused with its reason, by _check_reuse.
+                    shared = g.shared
+                    if not (
+                        f.job_id == job_id
+                        and f.size == g.sizes[i]
+                        and f.checksum is None
+                        and (
+                            f.created_by == sid
+                            or (shared if shared.__class__ is bool else shared[i])  # type: ignore[index]
+                        )
+                    ):
+                        _check_reuse(
+                            g, i, sid, job_id, f.id, f.job_id, f.size, f.checksum, f.created_by
+                        )
                     if g.grows and g.sizes[i] > f.size:  # what the snapshots need of it, at most
                         f.size, f.grew = g.sizes[i], True
                     if f.created_by != sid and (sid, f.id) not in already:

@@ -517,10 +517,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         f.job_id == job_id
                         and f.size == g.sizes[i]
                         and f.checksum is None
-                        and (
-                            f.created_by == sid
-                            or (shared if shared.__class__ is bool else shared[i])  # type: ignore[index]
-                        )
+                        and (f.created_by == sid or (shared if type(shared) is bool else shared[i]))
                     ):
                         _check_reuse(
                             g, i, sid, job_id, f.id, f.job_id, f.size, f.checksum, f.created_by

@@ -12,8 +12,10 @@ One listing per PATH (fsspec ``find``) plus one read per ``_metadata``; handle p
 against that listing, so importing costs no per-file I/O. Every completed snapshot becomes a
 COMPLETED catalog snapshot of a job of origin ``flink`` with Flink's checkpoint id, kind, format,
 parallelism and max parallelism; its files (``_metadata`` included) are attached with their roles
-in ``details``; shared RocksDB files are registered once and referenced by every checkpoint that
-uses them; key-group byte sizes are recorded where the handles give offsets.
+and kinds (a group's common details) and what else the handle says of each file (its RocksDB
+name, where Flink wrote it if it moved); shared RocksDB files are registered once and referenced
+by every checkpoint that uses them; key-group byte sizes are recorded where the handles give
+offsets.
 
 Running it again syncs: snapshots already imported are left alone, new ones are added, and
 imported snapshots whose ``_metadata`` is gone are marked DISCARDED with the reason -- only those
@@ -31,8 +33,9 @@ storage): a directory imported through a link is the directory Flink wrote to. A
 to one job (``sk_job_dirs``), and so does a file: importing a directory under another name, or
 snapshots that reference files another job holds (a NO_CLAIM restore of that job's snapshot), is
 refused before anything is written. Snapshots are written in chunks, each in one transaction (see
-:func:`_write_snapshots`): a crash leaves a chunk imported or not at all, and the next import
-completes a PENDING snapshot an earlier version of the importer left.
+:func:`_write_snapshots`), the job and its directories with the first: a crash leaves a chunk
+imported or not at all, and the next import completes a PENDING snapshot an earlier version of the
+importer left.
 """
 
 from __future__ import annotations
@@ -276,10 +279,12 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
     for run in runs:
         role, operator_id, subtask, kg = run.role, run.operator_id, run.subtask, run.key_groups
         if kg is not None and kg.start > kg.end:
-            kg = None  # an empty range: none
+            kg = None  # an empty range is no range
         local_paths = run.local_paths
-        last_kind = None  # a run's files are mostly of one kind: the group is looked up again
-        paths: list[str] = []  # when the kind changes
+        # A run's files are mostly of one kind: its group's columns are looked up again only
+        # when the kind changes.
+        last_kind = None
+        paths: list[str] = []
         sizes: list[int] = []
         notes: list[dict[str, Any] | None] = []
         for i, h in enumerate(run.handles):  # tens of thousands

@@ -280,10 +280,11 @@ def _modified(info: dict[str, Any]) -> datetime | None:
     return None
 
 
-def _walk_local(root: str, stat: bool) -> Iterator[tuple[str, int, float | None]]:
-    """(path, size, mtime) of every file under local directory ``root``; without ``stat`` size
-    and mtime are 0 and None. A link to a directory is walked, as fsspec's find does; a directory
-    or file removed during the walk (a running job subsumed a checkpoint) is skipped."""
+def _local_files(root: str) -> Iterator[tuple[str, os.DirEntry[str] | None]]:
+    """Every file under local directory ``root`` as (path, its directory entry; None for
+    ``root`` itself when it is a file, as fsspec's find gives it). A link to a directory is
+    walked, as fsspec's find does; a directory removed during the walk (a running job subsumed
+    a checkpoint) is skipped. No stat: ``is_dir`` reads the entry's type from the directory."""
     stack = [root]
     while stack:
         directory = stack.pop()
@@ -292,57 +293,29 @@ def _walk_local(root: str, stat: bool) -> Iterator[tuple[str, int, float | None]
         except FileNotFoundError:
             continue
         except NotADirectoryError:
-            if directory == root:  # a file named as the root: itself, as fsspec's find gives it
-                st = os.stat(root)
-                yield (root, st.st_size, st.st_mtime) if stat else (root, 0, None)
+            if directory == root:
+                yield root, None
             continue
         with entries:
             for entry in entries:
-                try:
-                    if entry.is_dir():
-                        stack.append(entry.path)
-                        continue
-                    if not stat:
-                        yield entry.path, 0, None
-                        continue
-                    st = entry.stat()
-                except FileNotFoundError:  # gone meanwhile, or a dangling link: its own stat
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                yield entry.path, st.st_size, st.st_mtime
+                if entry.is_dir():  # False for an entry gone meanwhile: its stat says
+                    stack.append(entry.path)
+                else:
+                    yield entry.path, entry
 
 
-def _local_file_paths(root: str) -> list[str]:
-    """The paths of :func:`_walk_local` without ``stat`` (no tuple per file): every file under
-    local directory ``root``, links to directories walked, what is removed meanwhile skipped."""
-    out: list[str] = []
-    add = out.append
-    stack = [root]
-    while stack:
-        directory = stack.pop()
+def _walk_local(root: str) -> Iterator[tuple[str, int, float]]:
+    """(path, size, mtime) of every file under local directory ``root`` (see _local_files); a
+    file removed during the walk is skipped, a dangling link has its own stat."""
+    for path, entry in _local_files(root):
         try:
-            entries = os.scandir(directory)
+            st = os.stat(root) if entry is None else entry.stat()
         except FileNotFoundError:
-            continue
-        except NotADirectoryError:
-            if directory == root:  # a file named as the root: itself
-                add(root)
-            continue
-        with entries:
-            for entry in entries:
-                try:
-                    if entry.is_dir():
-                        stack.append(entry.path)
-                        continue
-                except FileNotFoundError:  # gone meanwhile, or a dangling link: its own stat
-                    try:
-                        entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                add(entry.path)
-    return out
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+        yield path, st.st_size, st.st_mtime
 
 
 def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
@@ -433,7 +406,7 @@ class FileStore:
         skip = len(base) + (0 if base.endswith("/") else 1)
         if self.is_local:
             # a scandir walk: a third of fsspec's find, which builds an info dict per file
-            out = [StoredFile(p[skip:], size, mtime) for p, size, mtime in _walk_local(base, True)]
+            out = [StoredFile(p[skip:], size, mtime) for p, size, mtime in _walk_local(base)]
         else:
             if not self._fs.exists(base):
                 return []
@@ -455,7 +428,7 @@ class FileStore:
         stat per file (what a caller needs when only which files exist matters)."""
         base = path.rstrip("/") or "/"
         if self.is_local:
-            return _local_file_paths(base)
+            return [p for p, _ in _local_files(base)]
         if not self._fs.exists(base):
             return []
         return [str(p) for p in self._fs.find(base)]

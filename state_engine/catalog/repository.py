@@ -509,19 +509,9 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         f = files[path] = _FileState(
                             0, job_id, cg.sizes[ci], _checksum(cg, ci), csid, cg.is_shared(ci), csid
                         )
-                    # The common reuse (this job's file, the same size, no checksum, shared or
-                    # the snapshot's own) passes without a call: thousands a checkpoint. Any
-                    # other is checked, and refused with its reason, by _check_reuse.
-                    shared = g.shared
-                    if not (
-                        f.job_id == job_id
-                        and f.size == g.sizes[i]
-                        and f.checksum is None
-                        and (f.created_by == sid or (shared if type(shared) is bool else shared[i]))
-                    ):
-                        _check_reuse(
-                            g, i, sid, job_id, f.id, f.job_id, f.size, f.checksum, f.created_by
-                        )
+                    _check_reuse(
+                        g, i, sid, job_id, f.id, f.job_id, f.size, f.checksum, f.created_by
+                    )
                     if g.grows and g.sizes[i] > f.size:  # what the snapshots need of it, at most
                         f.size, f.grew = g.sizes[i], True
                     if f.created_by != sid and (sid, f.id) not in already:
@@ -599,10 +589,21 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         for fid, (path, (g, i, sid)) in zip(new_ids, created.items(), strict=True):
             path_ids[path] = fid
             state = files.get(path)
-            if state is None:  # one snapshot's alone (ten thousand a checkpoint: no calls)
-                checksum = None if g.checksums is None else g.checksums[i]
-                shared = g.shared if type(g.shared) is bool else bool(g.shared[i])
-                rows.append((fid, job_id, path, g.sizes[i], checksum, shared, sid, sid, 1, stamp))
+            if state is None:  # one snapshot's alone
+                rows.append(
+                    (
+                        fid,
+                        job_id,
+                        path,
+                        g.sizes[i],
+                        _checksum(g, i),
+                        g.is_shared(i),
+                        sid,
+                        sid,
+                        1,
+                        stamp,
+                    )
+                )
             else:
                 rows.append(
                     (

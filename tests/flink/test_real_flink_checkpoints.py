@@ -262,6 +262,13 @@ def test_a_running_jobs_growing_merged_files_sync_and_verify(
     assert any(len(e) > 1 for e in extents.values()), "no merged file grew: nothing was covered"
 
 
+def _latest_completed(job_dir: Path) -> Path:
+    """The job's newest completed checkpoint directory, by id. A checkpoint in flight when the
+    job was cancelled may leave its chk-N behind without a _metadata: not a checkpoint."""
+    completed = [p.parent for p in job_dir.glob("chk-*/_metadata")]
+    return max(completed, key=lambda p: int(p.name[4:]))
+
+
 @pytest.fixture(scope="module")
 def claimed_restore(flink_cluster: FlinkCluster) -> tuple[Path, Path]:
     """The checkpoint directories of a job and of the job restored from its latest retained
@@ -271,7 +278,7 @@ def claimed_restore(flink_cluster: FlinkCluster) -> tuple[Path, Path]:
     flink_cluster.wait_checkpoints(first, 4)
     flink_cluster.cancel(first)
     first_dir = flink_cluster.checkpoints / first
-    claimed = max(first_dir.glob("chk-*"), key=lambda p: int(p.name[4:]))
+    claimed = _latest_completed(first_dir)
     restore = {
         "execution.state-recovery.path": str(claimed),
         "execution.state-recovery.claim-mode": "CLAIM",
@@ -295,7 +302,7 @@ def test_a_claimed_restore_at_another_parallelism_imports_and_reads(
         assert report.added and not report.skipped
         result = verify(catalog, name)
         assert [f for f in result.findings if f.level == "ERROR"] == [], result.render()
-    newest = max(second_dir.glob("chk-*"), key=lambda p: int(p.name[4:]))
+    newest = _latest_completed(second_dir)
     meta = read_metadata(str(newest))
     keyed = [op for op in meta.operators if any(st.keyed_handles for st in op.subtasks)]
     assert [(op.parallelism, op.max_parallelism) for op in keyed] == [(3, 128)]

@@ -270,6 +270,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
     ranged = {
         h.location
         for run in runs
+        if run.files is None or not run.files.in_columns  # columns: plain file handles
         for h in run.handles
         if h.location is not None and (h.type == SEGMENT or run.role == ROLE_CHANGELOG)
     }
@@ -280,6 +281,25 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         role, operator_id, subtask, kg = run.role, run.operator_id, run.subtask, run.key_groups
         if kg is not None and kg.start > kg.end:
             kg = None  # an empty range is no range
+        files = run.files
+        if files is not None and files.locations is not None and ranged.isdisjoint(files.locations):
+            # RocksDB files resolved as columns (one kind, one relocation): appended whole
+            cols = columns.get((operator_id, subtask, kg, files.kind, role))
+            if cols is None:
+                cols = columns[(operator_id, subtask, kg, files.kind, role)] = ([], [], [])
+            cols[0].extend(files.locations)
+            cols[1].extend(files.sizes)  # type: ignore[arg-type]  # set with the locations
+            names = files.file_names  # inline ones have no file
+            if files.relocated:  # where Flink wrote each, as below
+                cols[2].extend(
+                    {"local_path": name, "relocated": True, "flink_path": path}
+                    if name
+                    else {"relocated": True, "flink_path": path}
+                    for name, path in zip(names, files.paths, strict=True)  # type: ignore[arg-type]
+                )
+            else:
+                cols[2].extend([{"local_path": name} if name else None for name in names])
+            continue
         local_paths = run.local_paths
         # A run's files are mostly of one kind: its group's columns are looked up again only
         # when the kind changes.
@@ -512,7 +532,7 @@ def _catalog_parallelism(meta: FlinkSnapshotMetadata) -> tuple[int, int]:
 
 
 def _summary(
-    snap: SnapshotRecord, groups: list[FileGroup], meta: FlinkSnapshotMetadata
+    snap: SnapshotRecord, groups: list[FileGroup], meta: FlinkSnapshotMetadata, files: int
 ) -> dict[str, Any]:
     return {
         "snapshot_id": snap.id,
@@ -520,7 +540,7 @@ def _summary(
         "kind": snap.kind,
         "format": snap.format,
         "location": snap.location,
-        "files": len(set().union(*(g.paths for g in groups))),
+        "files": files,
         "bytes": snap.bytes,
         "relocated": sum(
             1 for g in groups for d in g.details or () if d is not None and d.get("relocated")
@@ -674,7 +694,11 @@ def _read_snapshots(
             )
             try:
                 meta = metadata_from_bytes(
-                    bytes(data), mpath, job_dir=job_dir, exists=listing.exists
+                    bytes(data),
+                    mpath,
+                    job_dir=job_dir,
+                    exists=listing.exists,
+                    listed=listing.files,
                 )
             except FlinkMetadataError as exc:
                 raise FlinkMetadataError(f"{exc}; nothing was imported") from None
@@ -719,6 +743,7 @@ def _plan(
                 {
                     h.location or h.name
                     for run in meta.handle_runs()
+                    if run.files is None or run.files.locations is None  # columns: all found
                     for h in run.handles
                     if h.location is not None and not h.exists
                 }
@@ -866,6 +891,7 @@ def _write_snapshots(
     # Counted before the transaction: a canonical savepoint's records are counted by reading its
     # files, and the transaction holds the catalog's writer lock.
     stats = [key_group_stats(item.meta) for item in items]
+    sizes = [_distinct_sizes(item.groups) for item in items]
     done: list[tuple[SnapshotRecord, bool, _ToImport]] = []
     with catalog.batch():
         if before is not None:
@@ -893,27 +919,28 @@ def _write_snapshots(
             if not resumed or not catalog.snapshot_files(snap.id, limit=1)
         )
         crash_point("flink.import.after_attach")
-        for (snap, resumed, item), rows in zip(begun, stats, strict=True):
+        for (snap, resumed, item), rows, files in zip(begun, stats, sizes, strict=True):
             if rows and (not resumed or not catalog.key_group_stats(snap.id)):
                 catalog.record_key_group_stats(snap.id, rows)
             completed = catalog.complete_snapshot(
                 snap.id,
                 snap.version,
-                bytes=_distinct_bytes(item.groups),
+                bytes=sum(files.values()),
                 entries=sum(r.rows for r in rows),
             )
             done.append((completed, resumed, item))
-    for snap, resumed, item in done:
-        (report.resumed if resumed else report.added).append(_summary(snap, item.groups, item.meta))
+    for (snap, resumed, item), files in zip(done, sizes, strict=True):
+        summary = _summary(snap, item.groups, item.meta, len(files))
+        (report.resumed if resumed else report.added).append(summary)
     crash_point("flink.import.after_commit")
 
 
-def _distinct_bytes(groups: list[FileGroup]) -> int:
-    """Bytes of the files ``groups`` reference, each file once."""
+def _distinct_sizes(groups: list[FileGroup]) -> dict[str, int]:
+    """The files ``groups`` reference, each once: path -> size."""
     sizes: dict[str, int] = {}
     for g in groups:
         sizes.update(zip(g.paths, g.sizes, strict=True))
-    return sum(sizes.values())
+    return sizes
 
 
 def _mark_vanished(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import posixpath
 import re
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -171,18 +171,107 @@ class LocalFile:
 
 
 class LocalFiles(Sequence[LocalFile]):
-    """The files of a RocksDB handle as two columns, their local names and their handles, read
-    as :class:`LocalFile` records: an incremental checkpoint lists tens of thousands, and the
+    """The files of a RocksDB handle as columns, their local names and their handles, read as
+    :class:`LocalFile` records: an incremental checkpoint lists tens of thousands, and the
     importer reads the columns (no object per file). Equal to another sequence of the same
-    records, a tuple of them included."""
+    records, a tuple of them included.
 
-    __slots__ = ("handles", "names")
+    As read from ``_metadata`` (see :meth:`of_files`), the plain file handles are kept as two
+    more columns, their paths as written and their sizes, and the few inline ones (files Flink
+    wrote into ``_metadata`` for being small) by position. :meth:`PathResolver.resolve_files`
+    adds the plain ones' ``locations``, one ``kind`` for all (every file found where that
+    kind's directory lists it) and whether they were re-rooted (``relocated``, one for all).
+    The :class:`StreamHandle` objects of the plain ones are made when ``handles`` is first
+    read, with what resolution set; from then on the objects are what holds it (the columns
+    are dropped: ``in_columns`` is False and ``locations`` None)."""
+
+    __slots__ = (
+        "_handles",
+        "inline",
+        "kind",
+        "locations",
+        "names",
+        "paths",
+        "relocated",
+        "sizes",
+    )
 
     def __init__(self, names: Sequence[str] = (), handles: Sequence[StreamHandle] = ()) -> None:
         if len(names) != len(handles):
             raise ValueError(f"{len(names)} local names for {len(handles)} handles")
         self.names = names
-        self.handles = handles
+        self._handles: Sequence[StreamHandle] | None = handles
+        self.paths: list[str] | None = None
+        self.sizes: list[int] | None = None
+        self.inline: dict[int, StreamHandle] = {}
+        self.locations: list[str] | None = None
+        self.kind = ""
+        self.relocated = False
+
+    @classmethod
+    def of_files(
+        cls,
+        names: list[str],
+        paths: list[str],
+        sizes: list[int],
+        inline: dict[int, StreamHandle] | None = None,
+    ) -> LocalFiles:
+        """Files as columns: every local name; the paths as written and the sizes of the plain
+        file handles (:data:`FILE`), in order; ``inline``: position -> the handle of each
+        other one, an inline handle (:data:`INLINE`)."""
+        inline = inline or {}
+        if len(paths) != len(sizes) or len(paths) + len(inline) != len(names):
+            raise ValueError(
+                f"{len(names)} local names for {len(paths)} paths, {len(sizes)} sizes and "
+                f"{len(inline)} inline handles"
+            )
+        if any(not 0 <= i < len(names) or h.type != INLINE for i, h in inline.items()):
+            raise ValueError("inline handles are inline, each at a position among the names")
+        out = cls()
+        out.names, out._handles, out.paths, out.sizes, out.inline = (
+            names,
+            None,
+            paths,
+            sizes,
+            inline,
+        )
+        return out
+
+    @property
+    def in_columns(self) -> bool:
+        """Whether the files are kept as columns (no handle of a plain file made yet)."""
+        return self._handles is None
+
+    @property
+    def file_names(self) -> list[str]:
+        """The local names of the plain file handles, position for position with ``paths``."""
+        if not self.inline:
+            return list(self.names)
+        return [name for i, name in enumerate(self.names) if i not in self.inline]
+
+    @property
+    def handles(self) -> Sequence[StreamHandle]:
+        """The files' handles (made here, once, for files kept as columns)."""
+        if self._handles is None:
+            assert self.paths is not None and self.sizes is not None
+            if self.locations is None:
+                plain = [
+                    StreamHandle(FILE, p, n) for p, n in zip(self.paths, self.sizes, strict=True)
+                ]
+            else:
+                kind, relocated = self.kind, self.relocated
+                plain = [
+                    StreamHandle(
+                        FILE, p, n, location=loc, relocated=relocated, exists=True, kind=kind
+                    )
+                    for p, n, loc in zip(self.paths, self.sizes, self.locations, strict=True)
+                ]
+            for i in sorted(self.inline):  # in position order: each lands where it was
+                plain.insert(i, self.inline[i])
+            self._handles = plain
+            self.paths = self.sizes = self.locations = None
+            self.inline = {}
+        return self._handles
 
     @classmethod
     def of(cls, files: Iterable[LocalFile]) -> LocalFiles:
@@ -217,6 +306,29 @@ class LocalFiles(Sequence[LocalFile]):
 
     def __repr__(self) -> str:
         return f"LocalFiles({list(self)!r})"
+
+
+class _HandlesOf(Sequence[StreamHandle]):
+    """The handles of a :class:`LocalFiles`, made only when one is read (a run's length and the
+    importer's columns need none)."""
+
+    __slots__ = ("files",)
+
+    def __init__(self, files: LocalFiles) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files.names)
+
+    @overload
+    def __getitem__(self, i: int) -> StreamHandle: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[StreamHandle]: ...
+    def __getitem__(self, i: int | slice) -> StreamHandle | Sequence[StreamHandle]:
+        return self.files.handles[i]
+
+    def __iter__(self) -> Iterator[StreamHandle]:
+        return iter(self.files.handles)
 
 
 @dataclass
@@ -260,23 +372,26 @@ class KeyedStateHandle:
 
     def stream_handles(self) -> Iterator[tuple[str, StreamHandle, str]]:
         """Every stream handle below this one as ``(role, handle, local_path)``."""
-        for role, handles, local_paths in self.handle_runs():
+        for role, handles, files in self.handle_runs():
+            local_paths = files.names if files is not None else ()
             for i, h in enumerate(handles):
                 yield role, h, local_paths[i] if local_paths else ""
 
-    def handle_runs(self) -> Iterator[tuple[str, Sequence[StreamHandle], Sequence[str]]]:
+    def handle_runs(
+        self,
+    ) -> Iterator[tuple[str, Sequence[StreamHandle], LocalFiles | None]]:
         """The stream handles below this one, a run per role in :meth:`stream_handles` order:
-        ``(role, handles, local_paths)``, the local paths position for position (RocksDB
-        shared and private files; empty for the other roles)."""
+        ``(role, handles, files)``, ``files`` the RocksDB shared or private files the run's
+        handles are (their handles made only when read), None for the other roles."""
         if self.delegate is not None:
-            yield ROLE_KEYED_STATE, (self.delegate,), ()
+            yield ROLE_KEYED_STATE, (self.delegate,), None
         if self.meta is not None:
-            yield ROLE_META, (self.meta,), ()
+            yield ROLE_META, (self.meta,), None
         for role, files in ((ROLE_SHARED, self.shared), (ROLE_PRIVATE, self.private)):
             if files:
-                yield role, files.handles, files.names
+                yield role, _HandlesOf(files), files
         if self.changelog_files:
-            yield ROLE_CHANGELOG, self.changelog_files, ()
+            yield ROLE_CHANGELOG, self.changelog_files, None
         for nested in self.nested:
             yield from nested.handle_runs()
 
@@ -357,18 +472,25 @@ class OperatorState:
 class HandleRun:
     """Stream handles of one role that one state handle of a subtask holds in a row: a RocksDB
     handle's shared files, its private ones, a key-groups stream, an operator's coordinator
-    state. ``local_paths``: the RocksDB file names of shared and private files, position for
-    position (empty for the other roles); ``key_groups``/``offsets`` as in
-    :class:`FileReference`. A snapshot's runs are its references without an object per handle.
+    state. ``files``: the RocksDB shared or private files a run of those is (its handles made
+    only when read; see :class:`LocalFiles`), None for the other roles; ``key_groups``/``offsets``
+    as in :class:`FileReference`. A snapshot's runs are its references without an object per
+    handle.
     """
 
     role: str
     operator_id: str
     subtask: int
     handles: Sequence[StreamHandle]
-    local_paths: Sequence[str] = ()
+    files: LocalFiles | None = None
     key_groups: KeyGroupRange | None = None
     offsets: tuple[int, ...] = ()
+
+    @property
+    def local_paths(self) -> Sequence[str]:
+        """The RocksDB file names of the handles, position for position (empty: no RocksDB
+        files)."""
+        return self.files.names if self.files is not None else ()
 
     def references(self) -> Iterator[FileReference]:
         local = self.local_paths
@@ -494,9 +616,9 @@ class FlinkSnapshotMetadata:
                         add(HandleRun(ROLE_OPERATOR_STATE, op_id, index, (oh.delegate,)))
                 for kh in st.keyed_handles:
                     kgr, offsets = kh.key_groups, kh.offsets
-                    for role, handles, local in kh.handle_runs():
+                    for role, handles, files in kh.handle_runs():
                         offs = offsets if role == ROLE_KEYED_STATE else ()
-                        add(HandleRun(role, op_id, index, handles, local, kgr, offs))
+                        add(HandleRun(role, op_id, index, handles, files, kgr, offs))
                 channels = [
                     ch.delegate
                     for ch in (*st.input_channel_state, *st.output_channel_state)
@@ -542,7 +664,16 @@ class FlinkSnapshotMetadata:
 
     @property
     def inline_handles(self) -> list[StreamHandle]:
-        return [h for run in self.handle_runs() for h in run.handles if h.type == INLINE]
+        return [
+            h
+            for run in self.handle_runs()
+            for h in (
+                run.files.inline.values()
+                if run.files is not None and run.files.in_columns
+                else run.handles
+            )
+            if h.type == INLINE
+        ]
 
 
 class _Reader:
@@ -664,7 +795,10 @@ _I64_FROM = struct.Struct(">q").unpack_from
 
 def _read_local_files(r: _Reader, what: str) -> LocalFiles:
     names: list[str] = []
-    handles: list[StreamHandle] = []
+    paths: list[str] = []
+    sizes: list[int] = []
+    inline: dict[int, StreamHandle] = {}  # position -> an inline handle (a small file)
+    handles: list[StreamHandle] | None = None  # from the first other entry not read inline
     name_what = f"a {what} file's local name"
     data = r.data
     end = len(data)
@@ -672,8 +806,8 @@ def _read_local_files(r: _Reader, what: str) -> LocalFiles:
     pos = r.pos  # the cursor, kept here on the common entry and given back to r for the rest
     for _ in range(count):
         # The common entry (an ASCII local name, then a file handle with an ASCII path) read
-        # inline: tens of thousands per incremental checkpoint. Anything else, or anything
-        # short, goes through the checked readers, which name what is wrong and where.
+        # inline into columns: tens of thousands per incremental checkpoint. Anything else, or
+        # anything short, goes through the checked readers, which name what is wrong and where.
         if pos + 13 <= end:
             n = (data[pos] << 8) | data[pos + 1]
             at = pos + 2 + n
@@ -683,9 +817,13 @@ def _read_local_files(r: _Reader, what: str) -> LocalFiles:
                 raw_local, raw_path = data[pos + 2 : at], data[at + 11 : stop]
                 if stop <= end and raw_local.isascii() and raw_path.isascii():
                     names.append(raw_local.decode("ascii"))
-                    handles.append(
-                        StreamHandle(FILE, raw_path.decode("ascii"), _I64_FROM(data, at + 1)[0])
-                    )
+                    if handles is None:
+                        paths.append(raw_path.decode("ascii"))
+                        sizes.append(_I64_FROM(data, at + 1)[0])
+                    else:
+                        handles.append(
+                            StreamHandle(FILE, raw_path.decode("ascii"), _I64_FROM(data, at + 1)[0])
+                        )
                     pos = stop
                     continue
         r.pos = pos
@@ -693,10 +831,17 @@ def _read_local_files(r: _Reader, what: str) -> LocalFiles:
         h = _read_stream_handle(r)
         if h is None:
             raise r.fail(f"a state handle for the {what} file {local!r}")
+        if handles is None and h.type == INLINE:  # a small file: kept by position
+            inline[len(names)] = h
+        else:
+            if handles is None:  # from here on, objects: the columns so far made into handles
+                handles = list(LocalFiles.of_files(names, paths, sizes, inline).handles)
+            handles.append(h)
         names.append(local)
-        handles.append(h)
         pos = r.pos
     r.pos = pos
+    if handles is None:
+        return LocalFiles.of_files(names, paths, sizes, inline)
     return LocalFiles(names, handles)
 
 
@@ -1004,16 +1149,23 @@ def _under(path: str, directory: str | None) -> bool:
 class PathResolver:
     """Resolves handle paths of one snapshot (relative names, absolute URIs, relocation).
 
-    ``exists`` answers whether a location exists; the importer passes a set lookup over its one
-    listing, so resolving costs no extra I/O.
+    ``exists`` answers whether a location exists; the importer passes a lookup in its one
+    listing, so resolving costs no extra I/O. ``listed``: locations known to exist (that
+    listing's files), answered without calling ``exists``.
     """
 
     def __init__(
-        self, directory: str, job_dir: str | None, exists: Callable[[str], bool], source: str
+        self,
+        directory: str,
+        job_dir: str | None,
+        exists: Callable[[str], bool],
+        source: str,
+        listed: Container[str] = (),
     ) -> None:
         self.directory = normalize_location(directory)
         self.job_dir = normalize_location(job_dir) if job_dir else None
         self.exists = exists
+        self.listed = listed
         self.source = source
         # Everything below is derived once: resolve runs for every handle.
         self._join_base = self.directory.rstrip("/") + "/"
@@ -1051,7 +1203,7 @@ class PathResolver:
         path already placed in the snapshot's or the job's directories (the thousands of SSTs in
         ``shared/``) is resolved here, without the calls."""
         directories = self._directories
-        exists = self.exists
+        exists, listed = self.exists, self.listed
         resolve = self.resolve
         for h in handles:
             if h.type == FILE:
@@ -1062,9 +1214,62 @@ class PathResolver:
                     file_name = name[cut:]
                     if file_name and file_name != "." and file_name != "..":
                         loc = folded[0] + file_name  # type: ignore[operator]
-                        h.location, h.exists, h.kind = loc, exists(loc), folded[1]
+                        h.location, h.kind = loc, folded[1]
+                        h.exists = loc in listed or exists(loc)
                         continue
             resolve(h)
+
+    def resolve_files(self, files: LocalFiles) -> None:
+        """Resolve a RocksDB handle's files. Kept as columns (see :class:`LocalFiles`) when every
+        plain one is a file name in one directory, of the snapshot's or the job's or re-rooted
+        into the job's, and found there (the thousands of SSTs in ``shared/``): then one
+        location each, and one kind and relocation for all, the very ones :meth:`resolve`
+        gives (and the inline ones their kind). Any other: each handle through
+        :meth:`resolve_all`."""
+        paths = files.paths
+        if paths and files.locations is None:
+            first = paths[0]
+            cut = first.rfind("/") + 1
+            head = first[:cut]
+            n = len(paths)
+            if (
+                cut
+                and [p.rfind("/") for p in paths].count(cut - 1) == n
+                and [p[:cut] for p in paths].count(head) == n
+            ):
+                names = [p[cut:] for p in paths]
+                if "" not in names and "." not in names and ".." not in names:
+                    folded = self._directories.get(head)
+                    if folded is None:
+                        folded = self._directories[head] = self._fold_directory(head)
+                    prefix, kind = folded
+                    relocated = False
+                    if kind is None and prefix is not None:
+                        prefix = self._relocated_directory(prefix)
+                        if prefix is not None:
+                            kind, relocated = self._kind(prefix), True
+                    if kind is not None:
+                        locations = [prefix + name for name in names]  # type: ignore[operator]
+                        listed, exists = self.listed, self.exists
+                        if all(map(listed.__contains__, locations)) or all(
+                            loc in listed or exists(loc) for loc in locations
+                        ):
+                            files.locations, files.kind = locations, kind
+                            files.relocated = relocated
+                            for h in files.inline.values():
+                                self.resolve(h)  # inline: no file, its kind
+                            return
+        self.resolve_all(files.handles)
+
+    def _relocated_directory(self, prefix: str) -> str | None:
+        """The job's own directory the files ``prefix + name`` (a plain file name) are
+        re-rooted into by :meth:`_relocate`'s first rule (``<job>/{shared,taskowned,chk-N}/``
+        tails), whatever the name; None if that rule does not apply. (Only where each file is
+        found is it re-rooted, as there.)"""
+        m = _RELOCATABLE_TAIL.search(prefix + "x")  # "x": any file name; group 3 ends with it
+        if m is None or self._job is None or m.group(1) != self._job_name:
+            return None
+        return f"{self._job}{m.group(2)}/{m.group(3)[:-1]}"
 
     def _relative_location(self, name: str) -> str:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
@@ -1150,8 +1355,10 @@ def metadata_from_bytes(
     *,
     job_dir: str | None = None,
     exists: Callable[[str], bool] | None = None,
+    listed: Container[str] = (),
 ) -> FlinkSnapshotMetadata:
-    """Parse ``data`` (the bytes of ``metadata_path``), resolve its paths; see read_metadata."""
+    """Parse ``data`` (the bytes of ``metadata_path``), resolve its paths; see read_metadata.
+    ``listed``: locations known to exist, answered without calling ``exists``."""
     directory = posixpath.dirname(metadata_path.rstrip("/"))
     if job_dir is not None:
         job_dir = _local_url(job_dir).rstrip("/")
@@ -1168,7 +1375,7 @@ def metadata_from_bytes(
                 cache[loc] = store.exists(loc)
             return cache[loc]
 
-    resolver = PathResolver(directory, job_dir, exists, metadata_path)
+    resolver = PathResolver(directory, job_dir, exists, metadata_path, listed)
     meta = FlinkSnapshotMetadata(
         metadata_path,
         directory,
@@ -1187,7 +1394,10 @@ def metadata_from_bytes(
     # Every handle once, in file order, through the runs the importer reads next (built here
     # once, then cached; no object per handle).
     for run in meta.handle_runs():
-        resolver.resolve_all(run.handles)
+        if run.files is not None:
+            resolver.resolve_files(run.files)
+        else:
+            resolver.resolve_all(run.handles)
     return meta
 
 

@@ -98,6 +98,25 @@ def test_shared_files_are_registered_once_and_referenced_by_many(
     assert len(catalog.known_paths("py")) == len(uses) == 24 + 3
 
 
+def test_rocksdb_files_kept_as_columns_give_the_groups_their_handles_give(
+    flink_fixtures: FlinkFixtures,
+) -> None:
+    """The import reads a RocksDB handle's files from their columns (see LocalFiles): the file
+    groups are the ones the same snapshot gives once every file is a handle object."""
+    fx = flink_fixtures
+    for job_dir in (fx.java_job("rocksdb"), fx.py_job("rocks")):
+        store = FileStore.at(str(job_dir))[0]
+        for metadata in sorted(job_dir.glob("chk-*/_metadata")):
+            meta = read_metadata(str(metadata))
+            runs = [r for r in meta.handle_runs() if r.files is not None]
+            assert any(r.files.locations is not None for r in runs)  # type: ignore[union-attr]
+            from_columns = file_groups(meta, store)
+            for run in runs:
+                list(run.handles)  # made: the columns are dropped
+            assert not any(r.files.in_columns for r in runs)  # type: ignore[union-attr]
+            assert file_groups(meta, store) == from_columns
+
+
 @pytest.mark.parametrize("backend", ["rocks", "hashmap"])
 def test_pyflink_fixture_imports_and_verifies(
     catalog: Catalog, flink_fixtures: FlinkFixtures, backend: str

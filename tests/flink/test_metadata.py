@@ -420,3 +420,135 @@ def test_a_rocksdb_handles_files_read_as_records_and_compare_as_a_tuple_of_them(
     assert repr(files[:1]) == f"LocalFiles([{records[0]!r}])"
     with pytest.raises(ValueError, match="1 local names for 2 handles"):
         md.LocalFiles(["000001.sst"], [a, b])
+
+
+_RUN_DIRS = (
+    "/r/job/shared/",
+    "file:/r/job/shared/",
+    "/r//job/./shared/",
+    "/r/job/chk-3/",
+    "/r/job/taskowned/",
+    "/q/other/shared/",
+    "/old/place/job/shared/",
+    "/r/job/shared/../",
+    "",
+)
+_RUN_NAMES = ("a.sst", "b.sst", ".x", "c", "", ".", "..")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    entries=st.lists(
+        st.one_of(
+            st.none(),  # an inline handle
+            st.tuples(st.sampled_from(_RUN_DIRS), st.sampled_from(_RUN_NAMES)),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    found=st.sets(
+        st.sampled_from(
+            [
+                f"{d}{n}"
+                for d in ("/r/job/shared/", "/r/job/chk-3/", "/q/other/shared/")
+                for n in ("a.sst", "b.sst", ".x", "c")
+            ]
+        )
+    ),
+    listed_too=st.booleans(),
+)
+def test_a_rocksdb_run_resolved_as_columns_reads_as_its_handles_resolved_one_by_one(
+    entries: list[tuple[str, str] | None], found: set[str], listed_too: bool
+) -> None:
+    """A RocksDB handle's files are resolved as columns when they can be: the handles made
+    from the columns equal those that resolving each handle gives (location, found or not,
+    relocated, kind), whatever the directories, spellings, names, files and inline ones."""
+    plain = [e for e in entries if e is not None]
+    paths = [d + n for d, n in plain]
+    sizes = list(range(1, len(paths) + 1))
+    names = [f"{i:06d}.sst" for i in range(len(entries))]
+
+    def inline(i: int) -> md.StreamHandle:
+        return md.StreamHandle(md.INLINE, f"inline-{i}", 2, data=b"xy")
+
+    def columns() -> md.LocalFiles:
+        positions = {i: inline(i) for i, e in enumerate(entries) if e is None}
+        return md.LocalFiles.of_files(names, paths, sizes, positions)
+
+    def resolver() -> md.PathResolver:
+        return md.PathResolver(
+            "/r/job/chk-3", "/r/job", found.__contains__, "SRC", found if listed_too else ()
+        )
+
+    expected = []
+    plain_handles = iter(md.StreamHandle(md.FILE, p, n) for p, n in zip(paths, sizes, strict=True))
+    for i, e in enumerate(entries):
+        expected.append(inline(i) if e is None else next(plain_handles))
+    try:
+        resolver().resolve_all(expected)
+    except FlinkPathEscapes as exc:
+        with pytest.raises(FlinkPathEscapes) as refused:
+            resolver().resolve_files(columns())
+        assert str(refused.value) == str(exc)
+        return
+    files = columns()
+    assert files.in_columns and len(files) == len(entries)
+    resolver().resolve_files(files)
+    kept_as_columns = files.locations is not None
+    assert list(files.handles) == expected and list(files.names) == names
+    assert not files.in_columns and files.locations is None  # the objects hold it from now on
+    if plain and len({d for d, _ in plain}) == 1 and paths[0].startswith("/r/job/shared/"):
+        names_ok = all(n not in ("", ".", "..") for _, n in plain)
+        files_found = all(h.exists for h in expected if h.type == md.FILE)
+        assert kept_as_columns == (names_ok and files_found)
+
+
+def _local_files_bytes(entries: list[tuple[str, bytes]]) -> bytes:
+    """A RocksDB handle's file list: count, then per file its local name and a stream handle."""
+    out = bytearray(struct.pack(">i", len(entries)))
+    for local, handle in entries:
+        out += struct.pack(">H", len(local)) + local.encode() + handle
+    return bytes(out)
+
+
+def _file(path: str, size: int) -> bytes:
+    raw = path.encode()  # modified UTF-8 = UTF-8 for these (no NUL, no supplementary)
+    return b"\x02" + struct.pack(">qH", size, len(raw)) + raw
+
+
+def test_a_rocksdb_file_list_is_columns_until_an_entry_that_is_not_a_plain_ascii_file() -> None:
+    """Plain ASCII file handles are read as columns, inline ones by position; from the first
+    other entry (a path not in ASCII, a relative handle) the run is handle objects, and reads
+    the same."""
+    plain = [("000001.sst", _file("/j/shared/a", 3)), ("000002.sst", _file("/j/shared/b", 4))]
+    others = [
+        ("000003.sst", _file("/j/shared/ü", 5)),
+        ("MANIFEST", b"\x06" + struct.pack(">H", 1) + b"m" + struct.pack(">q", 6)),
+        ("OPTIONS", b"\x01" + struct.pack(">H", 1) + b"o" + struct.pack(">i", 2) + b"xy"),
+        ("000004.sst", _file("/j/shared/c", 7)),
+    ]
+    columns = md._read_local_files(md._Reader(_local_files_bytes(plain), "SRC"), "shared")
+    assert columns.in_columns and len(columns) == 2
+    assert list(columns) == [
+        md.LocalFile("000001.sst", md.StreamHandle(md.FILE, "/j/shared/a", 3)),
+        md.LocalFile("000002.sst", md.StreamHandle(md.FILE, "/j/shared/b", 4)),
+    ]
+    with_inline = md._read_local_files(
+        md._Reader(_local_files_bytes([*plain[:1], others[2], *plain[1:]]), "SRC"), "shared"
+    )
+    assert with_inline.in_columns and with_inline.file_names == ["000001.sst", "000002.sst"]
+    assert [(f.local_path, f.handle.type, f.handle.name) for f in with_inline] == [
+        ("000001.sst", md.FILE, "/j/shared/a"),
+        ("OPTIONS", md.INLINE, "o"),
+        ("000002.sst", md.FILE, "/j/shared/b"),
+    ]
+    mixed = md._read_local_files(md._Reader(_local_files_bytes(plain + others), "SRC"), "private")
+    assert not mixed.in_columns
+    assert [(f.local_path, f.handle.type, f.handle.name, f.handle.size) for f in mixed] == [
+        ("000001.sst", md.FILE, "/j/shared/a", 3),
+        ("000002.sst", md.FILE, "/j/shared/b", 4),
+        ("000003.sst", md.FILE, "/j/shared/ü", 5),
+        ("MANIFEST", md.RELATIVE, "m", 6),
+        ("OPTIONS", md.INLINE, "o", 2),
+        ("000004.sst", md.FILE, "/j/shared/c", 7),
+    ]

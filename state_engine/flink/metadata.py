@@ -1226,40 +1226,48 @@ class PathResolver:
         location each, and one kind and relocation for all, the very ones :meth:`resolve`
         gives (and the inline ones their kind). Any other: each handle through
         :meth:`resolve_all`."""
+        if not self._resolve_as_columns(files):
+            self.resolve_all(files.handles)
+
+    def _resolve_as_columns(self, files: LocalFiles) -> bool:
+        """:meth:`resolve_files`'s columns, set if they can be (see there)."""
         paths = files.paths
-        if paths and files.locations is None:
-            first = paths[0]
-            cut = first.rfind("/") + 1
-            head = first[:cut]
-            n = len(paths)
-            if (
-                cut
-                and [p.rfind("/") for p in paths].count(cut - 1) == n
-                and [p[:cut] for p in paths].count(head) == n
-            ):
-                names = [p[cut:] for p in paths]
-                if "" not in names and "." not in names and ".." not in names:
-                    folded = self._directories.get(head)
-                    if folded is None:
-                        folded = self._directories[head] = self._fold_directory(head)
-                    prefix, kind = folded
-                    relocated = False
-                    if kind is None and prefix is not None:
-                        prefix = self._relocated_directory(prefix)
-                        if prefix is not None:
-                            kind, relocated = self._kind(prefix), True
-                    if kind is not None:
-                        locations = [prefix + name for name in names]  # type: ignore[operator]
-                        listed, exists = self.listed, self.exists
-                        if all(map(listed.__contains__, locations)) or all(
-                            loc in listed or exists(loc) for loc in locations
-                        ):
-                            files.locations, files.kind = locations, kind
-                            files.relocated = relocated
-                            for h in files.inline.values():
-                                self.resolve(h)  # inline: no file, its kind
-                            return
-        self.resolve_all(files.handles)
+        if not paths or files.locations is not None:
+            return False
+        cut = paths[0].rfind("/") + 1
+        head = paths[0][:cut]
+        names = [p[cut:] for p in paths]
+        # every path is head + a file name ("", "." and ".." are not file names)
+        if (
+            not cut
+            or [head + name for name in names] != paths
+            or "/" in "".join(names)
+            or "" in names
+            or "." in names
+            or ".." in names
+        ):
+            return False
+        folded = self._directories.get(head)
+        if folded is None:
+            folded = self._directories[head] = self._fold_directory(head)
+        prefix, kind = folded
+        relocated = False
+        if kind is None and prefix is not None:
+            prefix = self._relocated_directory(prefix)
+            if prefix is not None:
+                kind, relocated = self._kind(prefix), True
+        if kind is None or prefix is None:
+            return False
+        locations = [prefix + name for name in names]
+        listed, exists = self.listed, self.exists
+        if not all(map(listed.__contains__, locations)) and not all(
+            loc in listed or exists(loc) for loc in locations
+        ):
+            return False
+        files.locations, files.kind, files.relocated = locations, kind, relocated
+        for h in files.inline.values():
+            self.resolve(h)  # inline: no file, its kind
+        return True
 
     def _relocated_directory(self, prefix: str) -> str | None:
         """The job's own directory the files ``prefix + name`` (a plain file name) are

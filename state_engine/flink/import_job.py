@@ -287,15 +287,17 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
             cols = columns.get((operator_id, subtask, kg, files.kind, role))
             if cols is None:
                 cols = columns[(operator_id, subtask, kg, files.kind, role)] = ([], [], [])
+            written, file_sizes = files.paths, files.sizes
+            assert written is not None and file_sizes is not None  # kept with the locations
             cols[0].extend(files.locations)
-            cols[1].extend(files.sizes)  # type: ignore[arg-type]  # set with the locations
+            cols[1].extend(file_sizes)
             names = files.file_names  # inline ones have no file
             if files.relocated:  # where Flink wrote each, as below
                 cols[2].extend(
                     {"local_path": name, "relocated": True, "flink_path": path}
                     if name
                     else {"relocated": True, "flink_path": path}
-                    for name, path in zip(names, files.paths, strict=True)  # type: ignore[arg-type]
+                    for name, path in zip(names, written, strict=True)
                 )
             else:
                 cols[2].extend([{"local_path": name} if name else None for name in names])

@@ -420,6 +420,15 @@ def test_a_rocksdb_handles_files_read_as_records_and_compare_as_a_tuple_of_them(
     assert repr(files[:1]) == f"LocalFiles([{records[0]!r}])"
     with pytest.raises(ValueError, match="1 local names for 2 handles"):
         md.LocalFiles(["000001.sst"], [a, b])
+    columns = md.LocalFiles.of_files(["000001.sst", "000002.sst"], ["/s/a", "/s/b"], [1, 2])
+    assert columns.in_columns and columns == files and not columns.in_columns
+    inline = md.StreamHandle(md.INLINE, "i", 1, data=b"x")
+    with pytest.raises(ValueError, match="2 local names for 1 paths, 1 sizes and 0 inline"):
+        md.LocalFiles.of_files(["000001.sst", "000002.sst"], ["/s/a"], [1])
+    with pytest.raises(ValueError, match="each at a position among the names"):
+        md.LocalFiles.of_files(["000001.sst", "CURRENT"], ["/s/a"], [1], {2: inline})
+    with pytest.raises(ValueError, match="inline handles are inline"):
+        md.LocalFiles.of_files(["000001.sst", "CURRENT"], ["/s/a"], [1], {1: a})
 
 
 _RUN_DIRS = (

@@ -389,6 +389,14 @@ class FileStore:
         url_of = self.url_of
         return ["file://" + p if p[:1] == "/" and "//" not in p else url_of(p) for p in paths]
 
+    def urls_in(self, directory: str, paths: list[str]) -> list[str]:
+        """:meth:`urls_of` of ``paths`` that are all files right in ``directory`` (a path ending
+        in '/', each path it and a file name): on local storage made without a check per path
+        when the directory's own path needs none."""
+        if self._local and directory.startswith("/") and "//" not in directory:
+            return ["file://" + p for p in paths]
+        return self.urls_of(paths)
+
     # --- queries ---
 
     def exists(self, path: str) -> bool:

@@ -289,7 +289,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
                 cols = columns[(operator_id, subtask, kg, files.kind, role)] = ([], [], [])
             written, file_sizes = files.paths, files.sizes
             assert written is not None and file_sizes is not None  # kept with the locations
-            cols[0].extend(files.locations)
+            cols[0].extend(store.urls_in(files.directory, files.locations))
             cols[1].extend(file_sizes)
             names = files.file_names  # inline ones have no file
             if files.relocated:  # where Flink wrote each, as below
@@ -338,7 +338,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
                 notes.append(details)
             else:
                 notes.append({"local_path": local} if local else None)
-            paths.append(location)  # made URLs per group, below
+            paths.append(to_url(location))
             sizes.append(h.size)
     for (operator_id, subtask, kg, kind, role), (paths, sizes, notes) in columns.items():
         # outside the job's directory (a NO_CLAIM or LEGACY restore's ancestor): another
@@ -346,7 +346,7 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         foreign = kind == KIND_FOREIGN
         groups.append(
             FileGroup(
-                store.urls_of(paths),
+                paths,
                 sizes,
                 # shared state, and anything the task managers own: a changelog backend's
                 # materialized state in taskowned/ serves every checkpoint until the next one

@@ -179,14 +179,16 @@ class LocalFiles(Sequence[LocalFile]):
     As read from ``_metadata`` (see :meth:`of_files`), the plain file handles are kept as two
     more columns, their paths as written and their sizes, and the few inline ones (files Flink
     wrote into ``_metadata`` for being small) by position. :meth:`PathResolver.resolve_files`
-    adds the plain ones' ``locations``, one ``kind`` for all (every file found where that
-    kind's directory lists it) and whether they were re-rooted (``relocated``, one for all).
+    adds the plain ones' ``locations``, all of them files right in one ``directory`` (ending
+    in '/'), one ``kind`` for all (every file found where that kind's directory lists it) and
+    whether they were re-rooted (``relocated``, one for all).
     The :class:`StreamHandle` objects of the plain ones are made when ``handles`` is first
     read, with what resolution set; from then on the objects are what holds it (the columns
     are dropped: ``in_columns`` is False and ``locations`` None)."""
 
     __slots__ = (
         "_handles",
+        "directory",
         "inline",
         "kind",
         "locations",
@@ -205,6 +207,7 @@ class LocalFiles(Sequence[LocalFile]):
         self.sizes: list[int] | None = None
         self.inline: dict[int, StreamHandle] = {}
         self.locations: list[str] | None = None
+        self.directory = ""
         self.kind = ""
         self.relocated = False
 
@@ -270,7 +273,7 @@ class LocalFiles(Sequence[LocalFile]):
                 plain.insert(i, self.inline[i])
             self._handles = plain
             self.paths = self.sizes = self.locations = None
-            self.inline = {}
+            self.inline, self.directory = {}, ""
         return self._handles
 
     @classmethod
@@ -1264,7 +1267,8 @@ class PathResolver:
             loc in listed or exists(loc) for loc in locations
         ):
             return False
-        files.locations, files.kind, files.relocated = locations, kind, relocated
+        files.locations, files.directory = locations, prefix
+        files.kind, files.relocated = kind, relocated
         for h in files.inline.values():
             self.resolve(h)  # inline: no file, its kind
         return True

@@ -282,6 +282,16 @@ def test_urls_of_many_paths_are_url_of_each(paths: list[str]) -> None:
     assert store.urls_of(paths) == [store.url_of(p) for p in paths]
 
 
+@given(
+    directory=st.text(alphabet="/ab.:%é ", max_size=12).map(lambda d: d.rstrip("/") + "/"),
+    names=st.lists(st.text(alphabet="ab.:%é ", min_size=1, max_size=6), max_size=8),
+)
+def test_urls_of_files_in_one_directory_are_url_of_each(directory: str, names: list[str]) -> None:
+    store, _ = FileStore.at("/tmp")
+    paths = [directory + name for name in names]
+    assert store.urls_in(directory, paths) == [store.url_of(p) for p in paths]
+
+
 def test_file_paths_lists_every_file_below_through_directories_and_links(tmp_path: Path) -> None:
     """Which files exist under a local directory, without a stat each: nested directories and
     a link to a directory are walked (as fsspec's find does), a dangling link is listed."""

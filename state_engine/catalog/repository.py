@@ -1269,15 +1269,10 @@ _RECORD_SIZES = _record_sizes_stmt()
 def _executemany(
     s: Session, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
 ) -> None:
-    """One DBAPI executemany of plain values (already validated and JSON-encoded).
-
-    The hot path of snapshot registration: SQLAlchemy's per-row parameter processing would cost
-    more than the database's own work here.
-    """
-    conn = s.connection()
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
-    conn.exec_driver_sql(sql, rows)
+    """Insert plain values (already validated and JSON-encoded) through the driver (see
+    :meth:`Bulk.insert_many`): SQLAlchemy's per-row parameter processing would cost more than
+    the database's own work here."""
+    Bulk(s.connection()).insert_many(table, columns, rows)
 
 
 def _jobs_stmt() -> Select[Job]:

@@ -77,7 +77,7 @@ class Bulk:
     def allocate_ids(self, table: str, count: int) -> list[int]:
         """``count`` fresh primary keys for ``table`` (its ``id`` column), before inserting.
 
-        With the ids known up front, new rows go in through a plain executemany and no RETURNING
+        With the ids known up front, new rows go in through plain bulk inserts and no RETURNING
         or read-back is needed. PostgreSQL draws them from the column's own sequence, exactly as
         a default insert would. SQLite hands out max(id) + 1 onwards, again as its default insert
         would; that is safe because every catalog writer holds SQLite's write lock from its first

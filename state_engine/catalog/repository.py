@@ -563,7 +563,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         job_id: int,
     ) -> dict[str, int]:
         """Update the known files a snapshot now references (a statement per last user and
-        references added) and insert the ``created`` ones (one executemany; ``files`` has the
+        references added) and insert the ``created`` ones (one bulk insert; ``files`` has the
         state of those a later snapshot of the call references). Returns every file's id."""
         m = bulk.mark
         touched: dict[tuple[int | None, int], list[int]] = {}
@@ -638,7 +638,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
         return path_ids
 
     def record_key_group_stats(self, snapshot_id: int, stats: Iterable[KeyGroupStatRow]) -> int:
-        """Record rows and bytes per key group (one executemany); returns how many rows."""
+        """Record rows and bytes per key group (one bulk insert); returns how many rows."""
         rows = list(stats)
         if not rows:
             return 0
@@ -671,7 +671,7 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
                         f"key-group stats of operator {uid!r} in snapshot {snap.id} are already "
                         "recorded; they are written once per snapshot"
                     )
-            _executemany(
+            _insert_rows(
                 s,
                 KeyGroupStat.__tablename__,
                 ("snapshot_id", "operator_id", "key_group", "rows", "bytes"),
@@ -1266,7 +1266,7 @@ def _record_sizes_stmt() -> Insert:
 _RECORD_SIZES = _record_sizes_stmt()
 
 
-def _executemany(
+def _insert_rows(
     s: Session, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
 ) -> None:
     """Insert plain values (already validated and JSON-encoded) through the driver (see

@@ -590,35 +590,12 @@ class Catalog(JobDirMixin, RunMixin, LeaseMixin, Store):
             path_ids[path] = fid
             state = files.get(path)
             if state is None:  # one snapshot's alone
-                rows.append(
-                    (
-                        fid,
-                        job_id,
-                        path,
-                        g.sizes[i],
-                        _checksum(g, i),
-                        g.is_shared(i),
-                        sid,
-                        sid,
-                        1,
-                        stamp,
-                    )
-                )
+                size, checksum, shared = g.sizes[i], _checksum(g, i), g.is_shared(i)
+                last_used, refs = sid, 1
             else:
-                rows.append(
-                    (
-                        fid,
-                        job_id,
-                        path,
-                        state.size,
-                        state.checksum,
-                        state.shared,
-                        sid,
-                        state.last_used,
-                        state.refs + 1,
-                        stamp,
-                    )
-                )
+                size, checksum, shared = state.size, state.checksum, state.shared
+                last_used, refs = state.last_used, state.refs + 1
+            rows.append((fid, job_id, path, size, checksum, shared, sid, last_used, refs, stamp))
         bulk.insert_many(
             File.__tablename__,
             (

@@ -284,22 +284,15 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
         files = run.files
         if files is not None and files.locations is not None and ranged.isdisjoint(files.locations):
             # RocksDB files resolved as columns (one kind, one relocation): appended whole
-            cols = columns.get((operator_id, subtask, kg, files.kind, role))
-            if cols is None:
-                cols = columns[(operator_id, subtask, kg, files.kind, role)] = ([], [], [])
+            cols = columns.setdefault((operator_id, subtask, kg, files.kind, role), ([], [], []))
             written, file_sizes = files.paths, files.sizes
             assert written is not None and file_sizes is not None  # kept with the locations
             cols[0].extend(store.urls_in(files.directory, files.locations))
             cols[1].extend(file_sizes)
             names = files.file_names  # inline ones have no file
-            if files.relocated:  # where Flink wrote each, as below
-                cols[2].extend(
-                    {"local_path": name, "relocated": True, "flink_path": path}
-                    if name
-                    else {"relocated": True, "flink_path": path}
-                    for name, path in zip(names, written, strict=True)
-                )
-            else:
+            if files.relocated:
+                cols[2].extend(map(_file_details, names, written))
+            else:  # _file_details(name) of each, spelled out: thousands of files
                 cols[2].extend([{"local_path": name} if name else None for name in names])
             continue
         local_paths = run.local_paths
@@ -322,22 +315,17 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
                 continue
             kind = h.kind
             if kind != last_kind:
-                cols = columns.get((operator_id, subtask, kg, kind, role))
-                if cols is None:
-                    cols = columns[(operator_id, subtask, kg, kind, role)] = ([], [], [])
-                paths, sizes, notes = cols
+                paths, sizes, notes = columns.setdefault(
+                    (operator_id, subtask, kg, kind, role), ([], [], [])
+                )
                 last_kind = kind
-            local = local_paths[i] if local_paths else ""
-            if h.relocated or h.type not in ("file", "relative"):
-                details: dict[str, Any] = {"local_path": local} if local else {}
-                if h.relocated:  # where Flink wrote it, when that is not where it is
-                    details["relocated"] = True
-                    details["flink_path"] = h.name
-                if h.type not in ("file", "relative"):
-                    details["handle"] = h.type
-                notes.append(details)
-            else:
-                notes.append({"local_path": local} if local else None)
+            notes.append(
+                _file_details(
+                    local_paths[i] if local_paths else "",
+                    h.name if h.relocated else None,
+                    None if h.type in ("file", "relative") else h.type,
+                )
+            )
             paths.append(to_url(location))
             sizes.append(h.size)
     for (operator_id, subtask, kg, kind, role), (paths, sizes, notes) in columns.items():
@@ -363,6 +351,21 @@ def file_groups(meta: FlinkSnapshotMetadata, store: FileStore) -> list[FileGroup
     for location, parts in physical.items():
         groups.append(_physical_file_ref(to_url(location), parts, operators))
     return groups
+
+
+def _file_details(
+    local: str, flink_path: str | None = None, handle: str | None = None
+) -> dict[str, Any] | None:
+    """A file reference's own details, beside its group's role and kind: its RocksDB name,
+    where Flink wrote it when that is not where it is (``flink_path``: it was relocated), and
+    its handle type when it is not a plain file; None when there is nothing to say."""
+    details: dict[str, Any] = {"local_path": local} if local else {}
+    if flink_path is not None:
+        details["relocated"] = True
+        details["flink_path"] = flink_path
+    if handle is not None:
+        details["handle"] = handle
+    return details or None
 
 
 def _physical_file_ref(

@@ -9,11 +9,18 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
 if TYPE_CHECKING:
     from tests.fixtures.flink_cluster import FlinkCluster
 
 pytest_plugins = ["tests.fixtures.catalog"]
+
+# No wall-clock bound on a property test's examples (Hypothesis's default is 200 ms each): CI
+# machines may be loaded several times over. Loaded before the test modules, so a test's own
+# @settings (its example count) keep this too.
+settings.register_profile("statekeeper", deadline=None)
+settings.load_profile("statekeeper")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from state_engine.checkpoint.storage import (
@@ -274,7 +274,6 @@ def test_a_savepoint_never_takes_a_directory_that_holds_anything(
     assert len(storage.list_files("job")) == 1
 
 
-@settings(deadline=None)  # no wall-clock bound: CI machines may be loaded several times over
 @given(
     paths=st.lists(st.text(alphabet="/ab.:%é ", max_size=12).map(lambda p: p or "x"), max_size=8)
 )
@@ -283,7 +282,6 @@ def test_urls_of_many_paths_are_url_of_each(paths: list[str]) -> None:
     assert store.urls_of(paths) == [store.url_of(p) for p in paths]
 
 
-@settings(deadline=None)
 @given(
     directory=st.text(alphabet="/ab.:%é ", max_size=12).map(lambda d: d.rstrip("/") + "/"),
     names=st.lists(st.text(alphabet="ab.:%é ", min_size=1, max_size=6), max_size=8),

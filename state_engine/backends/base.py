@@ -5,11 +5,11 @@ key's hash and key group once per record; every state access then reuses them. T
 (``snapshot_view`` / ``KeyedStateView.iter_entries`` / ``restore_entries``) speaks the canonical row
 (:class:`~state_engine.state.meta.StateEntry`), so any backend's export restores into any other.
 
-A backend's snapshots go through one :class:`SnapshotStrategy` (capture at the barrier, write the
-files asynchronously, describe them): every backend is written canonically by the checkpoint
-package's strategy; ``snapshot_strategy`` names a format of the backend's own (heap: delta on a
-canonical base; RocksDB: its native files). A new backend is one package: its state classes, its
-layout, its strategy and, for a native format, its restore.
+A backend's snapshots go through one ``SnapshotStrategy`` of the snapshot layer (capture at the
+barrier, write the files asynchronously, describe them): every backend is written canonically by
+``snapshot.strategy``'s strategy; ``snapshot_strategy`` names a format of the backend's own (heap:
+delta on a canonical base; RocksDB: its native files). A new backend is one package: its state
+classes, its layout, its strategy and, for a native format, its factory's restore.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from state_engine.errors import (
     IncompatibleSerializer,
@@ -38,59 +38,18 @@ from state_engine.state.namespace import NamespaceSerializer
 from state_engine.state.ttl import INT64_MIN, Clock, SystemClock, TtlTimeDomain
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    import pyarrow as pa
-
-    from state_engine.checkpoint.metadata import SnapshotFile
-    from state_engine.checkpoint.strategies import Capture, WriteContext
+    from state_engine.snapshot.strategy import SnapshotStrategy
     from state_engine.snapshot_enums import SnapshotFormat
 
 _time_ns = time.time_ns
 
 __all__ = [
     "ChangedKey",
-    "ClaimingStrategy",
     "KeyedStateBackend",
     "KeyedStateView",
-    "SnapshotStrategy",
     "StateEntry",
     "StateMetaInfo",
 ]
-
-
-class SnapshotStrategy(Protocol):
-    """How one backend's keyed state becomes snapshot files (Flink's ``SnapshotStrategy``); each
-    strategy object belongs to one backend.
-
-    :meth:`capture` runs on the task thread at the barrier and only fixes a consistent view; the
-    returned capture's ``write_files`` then writes the files asynchronously (checkpoint thread or
-    a forked child) and its ``result`` describes them for ``_metadata`` and the catalog, with an
-    optional ``on_complete`` the manager calls on the task thread once the snapshot completed.
-    """
-
-    @property
-    def format(self) -> SnapshotFormat:
-        """The format its files are recorded as in ``_metadata``."""
-
-    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> Capture[Any]:
-        """Fix the view of the strategy's backend (task thread, short)."""
-
-
-@runtime_checkable
-class ClaimingStrategy(SnapshotStrategy, Protocol):
-    """A :class:`SnapshotStrategy` whose next checkpoint can build on a restored one.
-
-    After a restore in CLAIM mode (the job owns the restored checkpoint, as after a failover in
-    Flink), a subtask whose key-group range did not change holds exactly the state one old subtask
-    wrote. An incremental strategy then continues from that subtask's files instead of writing
-    the whole state again at the first checkpoint.
-    """
-
-    def claim(self, files: Sequence[SnapshotFile], rows: pa.Table | None = None) -> bool:
-        """Continue from ``files`` (the old subtask's, as in ``_metadata``); False: they are not
-        this strategy's format, and the next checkpoint starts over. ``rows``: the canonical
-        rows the restore read from them, when it built them as one table (a folded chain)."""
 
 
 class ChangedKey(NamedTuple):

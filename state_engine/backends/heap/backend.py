@@ -33,13 +33,12 @@ from state_engine.backends.base import (
     ChangedKey,
     KeyedStateBackend,
     KeyedStateView,
-    SnapshotStrategy,
     null_element,
 )
-from state_engine.checkpoint.canonical import int_values
 from state_engine.errors import InvalidSnapshotRequest, SerializationError, StateError
 from state_engine.hashing import key_hash
 from state_engine.keygroups import KeyGroupRange
+from state_engine.snapshot.canonical import int_values
 from state_engine.state.api import (
     AggregatingState,
     ListState,
@@ -55,6 +54,7 @@ from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
 if TYPE_CHECKING:
     from state_engine.backends.heap.snapshot import DeltaSnapshotStrategy
+    from state_engine.snapshot.strategy import SnapshotStrategy
     from state_engine.snapshot_enums import SnapshotFormat
 
 _POS = struct.Struct(">I")
@@ -1337,14 +1337,14 @@ class HeapStateView(KeyedStateView):
             yield from out
 
     def delta_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]:
-        """:meth:`changed` as the columns of delta rows (``checkpoint.delta``'s schema without
+        """:meth:`changed` as the columns of delta rows (``snapshot.delta``'s schema without
         ``seq``), about ``batch_rows`` rows a chunk, built in one pass with no object per
         change: per whole change a CLEAR then its rows as PUTs (a value state's value: just its
         PUT, which replaces the one row it has); per map entry changed on its own a PUT, or a
         DELETE if it is gone. Key-group order; within a key group, per state, whole
         changes then entries (in no particular order: each identity occurs once).
         """
-        from state_engine.checkpoint.delta import CLEAR, DELETE, PUT
+        from state_engine.snapshot.delta import CLEAR, DELETE, PUT
 
         self._check_live()
         if self._epochs is None:

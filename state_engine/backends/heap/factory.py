@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.heap.backend import HeapKeyedStateBackend
 from state_engine.keygroups import KeyGroupRange
 from state_engine.state.ttl import Clock
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from state_engine.snapshot.native import NativeSource
 
 
 class HeapBackendFactory:
@@ -33,3 +38,22 @@ class HeapBackendFactory:
             clock,
             track_changes=self.track_changes,
         )
+
+    def restore_native(
+        self,
+        operator_uid: str,
+        subtask_index: int,
+        key_serializer: Any,
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+        clock: Clock | None,
+        sources: Sequence[NativeSource],
+    ) -> HeapKeyedStateBackend:
+        """A heap backend holding the rows of ``key_group_range`` from a native (RocksDB)
+        snapshot's DBs, each opened aside and read as canonical rows (the bridge)."""
+        from state_engine.backends.rocksdb.restore import insert_rows
+
+        backend = self.create(
+            operator_uid, subtask_index, key_serializer, max_parallelism, key_group_range, clock
+        )
+        return insert_rows(backend, sources, key_serializer)

@@ -6,7 +6,7 @@ later checkpoints reference them. A checkpoint writes either a new base (no chai
 holds ``full_every`` deltas, or the checkpoint is not incremental) from a full view, or one delta
 from an incremental view: the map entries changed on their own, the values written, every other
 changed (state, key, namespace) as a CLEAR followed by PUTs of its complete current rows (see
-:mod:`state_engine.checkpoint.delta` and ``HeapStateView.delta_columns``).
+:mod:`state_engine.snapshot.delta` and ``HeapStateView.delta_columns``).
 
 Checkpoints may overlap (``max_concurrent_checkpoints``): each delta builds on the last
 *confirmed* chain and holds every change not confirmed yet, so it does not depend on a checkpoint
@@ -35,22 +35,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from state_engine.checkpoint.canonical import (
+from state_engine.errors import CheckpointError
+from state_engine.faults import crash_point
+from state_engine.snapshot.canonical import (
     DEFAULT_BATCH_ROWS,
     KeyGroupStats,
     WrittenFiles,
     arrow_array,
 )
-from state_engine.checkpoint.delta import DELTA_SCHEMA, DeltaWriter
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile
-from state_engine.checkpoint.strategies import (
-    SHARED_PREFIX,
+from state_engine.snapshot.delta import DELTA_SCHEMA, DeltaWriter
+from state_engine.snapshot.metadata import FileKind, SnapshotFile
+from state_engine.snapshot.storage import SHARED_PREFIX
+from state_engine.snapshot.strategy import (
     Capture,
     SubtaskResult,
     WriteContext,
 )
-from state_engine.errors import CheckpointError
-from state_engine.faults import crash_point
 from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:

@@ -43,7 +43,6 @@ import rocksdict as rd
 from state_engine.backends.base import (
     KeyedStateBackend,
     KeyedStateView,
-    SnapshotStrategy,
     null_element,
 )
 from state_engine.backends.rocksdb.layout import (
@@ -82,6 +81,7 @@ from state_engine.state.namespace import VOID_NAMESPACE
 from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
 if TYPE_CHECKING:
+    from state_engine.snapshot.strategy import SnapshotStrategy
     from state_engine.snapshot_enums import SnapshotFormat
 
 _Q = EXPIRES_AT

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from state_engine.backends.rocksdb.layout import META_PREFIX, OLD_LIST_SEQ_KEY
-from state_engine.checkpoint.canonical import KeyGroupStats
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile
-from state_engine.checkpoint.storage import SnapshotFileWriter, format_checksum
-from state_engine.checkpoint.strategies import SHARED_PREFIX, Capture, SubtaskResult, WriteContext
 from state_engine.errors import SnapshotFileExists
 from state_engine.faults import crash_point
 from state_engine.keygroups import key_group_prefix_length
+from state_engine.snapshot.canonical import KeyGroupStats
+from state_engine.snapshot.metadata import FileKind, SnapshotFile
+from state_engine.snapshot.storage import SHARED_PREFIX, SnapshotFileWriter, format_checksum
+from state_engine.snapshot.strategy import Capture, SubtaskResult, WriteContext
 from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -48,18 +48,38 @@ from state_engine.snapshot.metadata import FileKind, SnapshotFile
 from state_engine.snapshot.storage import SHARED_PREFIX
 from state_engine.snapshot.strategy import (
     Capture,
+    SnapshotSource,
     SubtaskResult,
     WriteContext,
 )
 from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
-    from state_engine.backends.heap.backend import HeapKeyedStateBackend, HeapStateView
+    from state_engine.backends.heap.view import HeapStateView
+    from state_engine.state.meta import StateMetaInfo
 
 
 #: restored rows above this size are not kept for the first checkpoint's base (the heap holds
 #: the state already; a second copy in Arrow must stay small next to it)
 RESTORED_BASE_MAX_BYTES = 256 << 20
+
+
+class ChangeTrackingBackend(SnapshotSource, Protocol):
+    """What the delta strategy uses of its heap backend (one with ``track_changes``)."""
+
+    @property
+    def confirmed_view_id(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def snapshot_view(self, incremental: bool = False, since: int = 0) -> HeapStateView: ...
+
+    def registered_states(self) -> Mapping[str, StateMetaInfo]: ...
+
+    def confirm_view(self, view_id: int) -> None: ...
+
+    def forget_changes(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +105,7 @@ class DeltaCapture(Capture[WrittenFiles]):
         self,
         operator_uid: str,
         subtask_index: int,
-        backend: HeapKeyedStateBackend,
+        backend: ChangeTrackingBackend,
         view: HeapStateView,
         chain: Chain | None,
         strategy: DeltaSnapshotStrategy,
@@ -259,7 +279,7 @@ class DeltaSnapshotStrategy:
 
     format = SnapshotFormat.DELTA
 
-    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+    def __init__(self, backend: ChangeTrackingBackend) -> None:
         self.backend = backend
         self.chain: Chain | None = None
         #: the view of the newest capture that writes a new base (0: none yet)

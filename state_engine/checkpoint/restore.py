@@ -73,7 +73,7 @@ from state_engine.snapshot.metadata import (
     read_metadata,
     verify,
 )
-from state_engine.snapshot.native import NativeSource
+from state_engine.snapshot.native import BackendSpec, NativeSource
 from state_engine.snapshot.registry import SharedStateRegistry
 from state_engine.snapshot.storage import CheckpointStorage, ReadStats, SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
@@ -350,11 +350,11 @@ def _restore_keyed(
 ) -> tuple[KeyedStateBackend, pa.Table | None]:
     """The keyed backend of new subtask ``index`` (key groups ``rng``), and the rows a delta
     chain folded to (None for other formats)."""
-    max_p = meta.max_parallelism
-    sources = [s for s in op.subtasks if not _overlap(s, rng).is_empty]
-    kinds = {s.index: {meta.file(p).kind for p in s.files} for s in sources}
-    native = [s for s in sources if kinds[s.index] & NATIVE_KINDS]
-    rest = [s for s in sources if not kinds[s.index] & NATIVE_KINDS]
+    spec = BackendSpec(op.operator_id, index, key_ser, meta.max_parallelism, rng, clock)
+    overlapping = [s for s in op.subtasks if not _overlap(s, rng).is_empty]
+    kinds = {s.index: {meta.file(p).kind for p in s.files} for s in overlapping}
+    native = [s for s in overlapping if kinds[s.index] & NATIVE_KINDS]
+    rest = [s for s in overlapping if not kinds[s.index] & NATIVE_KINDS]
     if native:
         # a native format is read by the backend package that has one: its factory knows how
         if not isinstance(factory, NativeRestoreFactory):
@@ -363,17 +363,10 @@ def _restore_keyed(
                 f"{type(factory).__name__} cannot restore: restore with RocksDBBackendFactory "
                 "or HeapBackendFactory (which reads them as rows)"
             )
-        backend = factory.restore_native(
-            op.operator_id,
-            index,
-            key_ser,
-            max_p,
-            rng,
-            clock,
-            [NativeSource(snap, meta, s, stats, manager.registry) for s in native],
-        )
+        sources = [NativeSource(snap, meta, s, stats, manager.registry) for s in native]
+        backend = factory.restore_native(spec, sources)
     else:
-        backend = factory.create(op.operator_id, index, key_ser, max_p, rng, clock)
+        backend = factory.create(*spec)
     folded = None
     try:
         canonical_files: list[SnapshotFile] = []

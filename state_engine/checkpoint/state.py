@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from state_engine.backends.base import KeyedStateBackend
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.keygroups import KeyGroupRange
-from state_engine.snapshot.native import NativeSource
+from state_engine.snapshot.native import BackendSpec, NativeSource
 from state_engine.snapshot.storage import ReadStats
 from state_engine.state.ttl import Clock
 
@@ -81,16 +81,9 @@ class StateBackendFactory(Protocol):
 @runtime_checkable
 class NativeRestoreFactory(StateBackendFactory, Protocol):
     """A factory that also restores a subtask's backend from a native snapshot's files: the
-    old subtasks' ``sources`` that overlap ``key_group_range`` (RocksDB opens the best one in
+    old subtasks' ``sources`` that overlap the spec's key groups (RocksDB opens the best one in
     place; the heap reads them as rows)."""
 
     def restore_native(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None,
-        sources: Sequence[NativeSource],
+        self, spec: BackendSpec, sources: Sequence[NativeSource]
     ) -> KeyedStateBackend: ...

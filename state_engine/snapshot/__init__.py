@@ -18,6 +18,7 @@ _EXPORTS = {
     "FORMAT_VERSION": "state_engine.snapshot.metadata",
     "KEYED_SCHEMA": "state_engine.snapshot.canonical",
     "OPERATOR_SCHEMA": "state_engine.snapshot.canonical",
+    "BackendSpec": "state_engine.snapshot.native",
     "CanonicalSnapshotStrategy": "state_engine.snapshot.strategy",
     "CanonicalWriter": "state_engine.snapshot.canonical",
     "Capture": "state_engine.snapshot.strategy",
@@ -82,7 +83,7 @@ if TYPE_CHECKING:
         verify,
         write_metadata,
     )
-    from state_engine.snapshot.native import NativeSource
+    from state_engine.snapshot.native import BackendSpec, NativeSource
     from state_engine.snapshot.operator_rows import OperatorStateRow
     from state_engine.snapshot.registry import SharedStateRegistry
     from state_engine.snapshot.storage import (
@@ -107,6 +108,7 @@ __all__ = [
     "FORMAT_VERSION",
     "KEYED_SCHEMA",
     "OPERATOR_SCHEMA",
+    "BackendSpec",
     "CanonicalSnapshotStrategy",
     "CanonicalWriter",
     "Capture",

@@ -529,8 +529,13 @@ def verify(snapshot: SnapshotDir, meta: SnapshotMetadata, *, deep: bool = False)
         if deep:
             actual = snapshot.checksum_of(f.path)
             if actual != f.checksum:
-                raise ChecksumMismatch(
-                    f"file {f.path!r} of snapshot {snapshot.url} has checksum {actual}, but "
-                    f"{METADATA_FILE} recorded {f.checksum}; its content is corrupt: restore "
-                    "from another snapshot"
-                )
+                raise checksum_mismatch(snapshot, f, actual)
+
+
+def checksum_mismatch(snapshot: SnapshotDir, file: SnapshotFile, actual: str) -> ChecksumMismatch:
+    """The error for a snapshot file whose content has checksum ``actual``, not the recorded one."""
+    return ChecksumMismatch(
+        f"file {file.path!r} of snapshot {snapshot.url} has checksum {actual}, but "
+        f"{METADATA_FILE} recorded {file.checksum}; its content is corrupt: restore from "
+        "another snapshot"
+    )

@@ -1,13 +1,27 @@
-"""The native files of one old subtask, as a restore hands them to the backend that reads them."""
+"""What a native restore hands the factory whose format it is: the backend to build and the old
+subtasks' native files."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from state_engine.keygroups import KeyGroupRange
 from state_engine.snapshot.metadata import SnapshotMetadata, SubtaskSnapshot
 from state_engine.snapshot.registry import SharedStateRegistry
 from state_engine.snapshot.storage import ReadStats, SnapshotDir
+from state_engine.state.ttl import Clock
+
+
+class BackendSpec(NamedTuple):
+    """One new subtask's keyed backend, as a factory's ``create`` takes it."""
+
+    operator_uid: str
+    subtask_index: int
+    key_serializer: Any
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    clock: Clock | None
 
 
 @dataclass

@@ -11,7 +11,7 @@ from state_engine.state.ttl import Clock
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from state_engine.snapshot.native import NativeSource
+    from state_engine.snapshot.native import BackendSpec, NativeSource
 
 
 class HeapBackendFactory:
@@ -40,20 +40,10 @@ class HeapBackendFactory:
         )
 
     def restore_native(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None,
-        sources: Sequence[NativeSource],
+        self, spec: BackendSpec, sources: Sequence[NativeSource]
     ) -> HeapKeyedStateBackend:
-        """A heap backend holding the rows of ``key_group_range`` from a native (RocksDB)
-        snapshot's DBs, each opened aside and read as canonical rows (the bridge)."""
+        """A heap backend holding the rows of its key groups from a native (RocksDB) snapshot's
+        DBs, each opened aside and read as canonical rows (the bridge)."""
         from state_engine.backends.rocksdb.restore import insert_rows
 
-        backend = self.create(
-            operator_uid, subtask_index, key_serializer, max_parallelism, key_group_range, clock
-        )
-        return insert_rows(backend, sources, key_serializer)
+        return insert_rows(self.create(*spec), sources, spec.key_serializer)

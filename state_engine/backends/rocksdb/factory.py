@@ -14,7 +14,7 @@ from state_engine.state.ttl import Clock
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from state_engine.snapshot.native import NativeSource
+    from state_engine.snapshot.native import BackendSpec, NativeSource
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 
@@ -53,27 +53,15 @@ class RocksDBBackendFactory:
         )
 
     def restore_native(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None,
-        sources: Sequence[NativeSource],
+        self, spec: BackendSpec, sources: Sequence[NativeSource]
     ) -> RocksDBKeyedStateBackend:
-        """A backend over the DB of the source that overlaps ``key_group_range`` most, holding
-        only that range (Flink's restore of an incremental RocksDB handle: open the DB, cut the
-        foreign key groups out), with the other sources' rows of the range inserted."""
+        """A backend over the DB of the source that overlaps the spec's key groups most, holding
+        only those (Flink's restore of an incremental RocksDB handle: open the DB, cut the
+        foreign key groups out), with the other sources' rows of them inserted."""
         from state_engine.backends.rocksdb.restore import insert_rows, open_in_place
 
-        base = max(sources, key=lambda s: len(s.key_group_range.intersection(key_group_range)))
-        backend = open_in_place(
-            lambda: self.new_path(operator_uid, subtask_index),
-            key_serializer,
-            max_parallelism,
-            key_group_range,
-            clock,
-            base,
-        )
-        return insert_rows(backend, [s for s in sources if s is not base], key_serializer)
+        wanted = spec.key_group_range
+        base = max(sources, key=lambda s: len(s.key_group_range.intersection(wanted)))
+        path = self.new_path(spec.operator_uid, spec.subtask_index)
+        backend = open_in_place(path, spec, base)
+        return insert_rows(backend, [s for s in sources if s is not base], spec.key_serializer)

@@ -16,20 +16,18 @@ import contextlib
 import shutil
 import tempfile
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from state_engine.backends.base import KeyedStateBackend, KeyedStateView
 from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from state_engine.backends.rocksdb.snapshot import local_name_of
-from state_engine.errors import ChecksumMismatch
 from state_engine.keygroups import KeyGroupRange
 from state_engine.serde import TypeSerializer
-from state_engine.snapshot.metadata import FileKind
-from state_engine.snapshot.native import NativeSource
-from state_engine.snapshot.storage import METADATA_FILE, SHARED_PREFIX, format_checksum
-from state_engine.state.ttl import Clock
+from state_engine.snapshot.metadata import FileKind, checksum_mismatch
+from state_engine.snapshot.native import BackendSpec, NativeSource
+from state_engine.snapshot.storage import SHARED_PREFIX, format_checksum
 
 _CHUNK = 1 << 20
 #: the backend insert_rows fills and returns
@@ -52,11 +50,7 @@ def download(source: NativeSource, db: Path) -> None:
                 out.write(chunk)
         actual = format_checksum(crc)
         if actual != f.checksum:
-            raise ChecksumMismatch(
-                f"file {p!r} of snapshot {snap.url} has checksum {actual}, but "
-                f"{METADATA_FILE} recorded {f.checksum}; its content is corrupt: restore "
-                "from another snapshot"
-            )
+            raise checksum_mismatch(snap, f, actual)
         if (
             source.registry is not None
             and f.kind is FileKind.NATIVE_SST
@@ -65,22 +59,15 @@ def download(source: NativeSource, db: Path) -> None:
             source.registry.remember_checksum(str(db), name, f.size, f.checksum)
 
 
-def open_in_place(
-    new_path: Callable[[], Path],
-    key_serializer: Any,
-    max_parallelism: int,
-    key_group_range: KeyGroupRange,
-    clock: Clock | None,
-    source: NativeSource,
-) -> RocksDBKeyedStateBackend:
-    """A backend over ``source``'s DB, downloaded into a fresh directory, holding only the key
-    groups of ``key_group_range`` (the others are cut out with ``delete_range``)."""
-    path = new_path()
+def open_in_place(path: Path, spec: BackendSpec, source: NativeSource) -> RocksDBKeyedStateBackend:
+    """The backend ``spec`` over ``source``'s DB, downloaded into the fresh directory ``path``,
+    holding only the spec's key groups (the others are cut out with ``delete_range``)."""
     db = path / "db"
     db.mkdir()
     download(source, db)
+    key_group_range = spec.key_group_range
     backend = RocksDBKeyedStateBackend(
-        path, key_serializer, max_parallelism, key_group_range, clock
+        path, spec.key_serializer, spec.max_parallelism, key_group_range, spec.clock
     )
     try:
         first, last = source.subtask.key_group_range

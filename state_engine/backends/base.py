@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from state_engine.snapshot_enums import SnapshotFormat
 
 _time_ns = time.time_ns
+#: per restored state: the meta its rows were written with, and the meta the backend holds
+RestorePlan = dict[str, tuple[StateMetaInfo, StateMetaInfo]]
 
 __all__ = [
     "ChangedKey",
@@ -108,6 +110,20 @@ def null_element(name: str) -> StateError:
     return StateError(
         f"list state {name!r} cannot hold None: filter None out before adding (as in Flink)"
     )
+
+
+def list_elements(name: str, values: Iterable[Any]) -> list[Any]:
+    """``values`` as the elements of list state ``name``: every backend takes an iterable (not a
+    str or bytes) without None."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise StateError(
+            f"list state {name!r} takes an iterable of elements, got "
+            f"{type(values).__name__}: wrap a single element in a list or use add()"
+        )
+    elements = list(values)
+    if any(value is None for value in elements):
+        raise null_element(name)
+    return elements
 
 
 def _describe_meta(meta: StateMetaInfo) -> dict[str, Any]:
@@ -405,7 +421,7 @@ class KeyedStateBackend(ABC):
 
     def _prepare_restore(
         self, state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]]
-    ) -> dict[str, tuple[StateMetaInfo, StateMetaInfo]]:
+    ) -> RestorePlan:
         """Per state name: (meta the rows were written with, meta the backend will hold)."""
         self._check_open()
         plan: dict[str, tuple[StateMetaInfo, StateMetaInfo]] = {}
@@ -460,13 +476,13 @@ class KeyedStateBackend(ABC):
         """The snapshot built from view ``view_id`` completed (no-op unless changes are tracked)."""
         return None
 
-    @abstractmethod
     def restore_entries(
         self,
         entries: Iterable[StateEntry],
         state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
     ) -> None:
         """Load canonical rows (any backend's export) into this backend."""
+        self._restore_entries(self._prepare_restore(state_meta), entries)
 
     def restore_columns(
         self,
@@ -474,12 +490,17 @@ class KeyedStateBackend(ABC):
         state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
     ) -> None:
         """Load canonical rows given one state at a time, column by column (a restore's bulk
-        path): the same as :meth:`restore_entries` of those rows, which is what this does
-        unless a backend fills itself faster from columns."""
-        self.restore_entries(
-            (entry for c in columns for entry in c.entries()),
-            state_meta,
-        )
+        path): the same as :meth:`restore_entries` of those rows."""
+        self._restore_columns(self._prepare_restore(state_meta), columns)
+
+    @abstractmethod
+    def _restore_entries(self, plan: RestorePlan, entries: Iterable[StateEntry]) -> None:
+        """Load rows written with the plan's metas (see :meth:`_prepare_restore`)."""
+
+    def _restore_columns(self, plan: RestorePlan, columns: Iterable[StateColumns]) -> None:
+        """:meth:`_restore_entries` of the columns' rows, unless a backend fills itself faster
+        from columns."""
+        self._restore_entries(plan, (entry for c in columns for entry in c.entries()))
 
     def close(self) -> None:
         self._closed = True

@@ -6,10 +6,10 @@ its restore of canonical rows in ``restore.py`` and its delta snapshots in ``sna
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.base import KeyedStateBackend, RestorePlan
 from state_engine.backends.heap.restore import restore_columns, restore_entries
 from state_engine.backends.heap.states import (
     STATE_CLASSES,
@@ -238,22 +238,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             for frozen in self._frozen_of.values():
                 frozen.clear()
 
-    def restore_entries(
-        self,
-        entries: Iterable[StateEntry],
-        state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
-    ) -> None:
-        plan = self._prepare_restore(state_meta)
+    def _restore_entries(self, plan: RestorePlan, entries: Iterable[StateEntry]) -> None:
         restore_entries(self, self._exporters, plan, entries)
 
-    def restore_columns(
-        self,
-        columns: Iterable[StateColumns],
-        state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
-    ) -> None:
-        """:meth:`restore_entries` from columns, each distinct value decoded once where that is
-        safe (see ``restore.py``)."""
-        plan = self._prepare_restore(state_meta)
+    def _restore_columns(self, plan: RestorePlan, columns: Iterable[StateColumns]) -> None:
+        """Each distinct value decoded once where that is safe (see ``restore.py``)."""
         restore_columns(self, self._exporters, plan, columns)
 
     def close(self) -> None:

@@ -17,21 +17,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state_engine.backends.base import KeyedStateBackend
+from state_engine.backends.base import KeyedStateBackend, RestorePlan
 from state_engine.backends.heap.states import IMMUTABLE_TYPES, HeapState
 from state_engine.snapshot.canonical import int_values
 from state_engine.state.descriptors import StateKind
-from state_engine.state.meta import StateColumns, StateEntry, StateMetaInfo
+from state_engine.state.meta import StateColumns, StateEntry
 from state_engine.state.ttl import INT64_MAX
-
-#: per restored state: the meta its rows were written with, and the meta the backend holds
-Plan = Mapping[str, tuple[StateMetaInfo, StateMetaInfo]]
 
 
 def restore_entries(
     backend: KeyedStateBackend,
     states: Mapping[str, HeapState],
-    plan: Plan,
+    plan: RestorePlan,
     entries: Iterable[StateEntry],
 ) -> None:
     """Add ``entries`` to the slots of ``states`` (one row at a time)."""
@@ -68,7 +65,7 @@ def restore_entries(
 def restore_columns(
     backend: KeyedStateBackend,
     states: Mapping[str, HeapState],
-    plan: Plan,
+    plan: RestorePlan,
     columns: Iterable[StateColumns],
 ) -> None:
     """:func:`restore_entries` from columns, one state at a time."""

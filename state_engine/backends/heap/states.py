@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from state_engine.backends.base import KeyedStateBackend, null_element
+from state_engine.backends.base import KeyedStateBackend, list_elements, null_element
 from state_engine.errors import StateError
 from state_engine.state.api import (
     AggregatingState,
@@ -645,14 +645,7 @@ class HeapListState(HeapState, ListState):
             self._cleanup_step()
 
     def _elements(self, values: Iterable[Any]) -> list[Any]:
-        if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-            raise StateError(
-                f"list state {self.name!r} takes an iterable of elements, got "
-                f"{type(values).__name__}: wrap a single element in a list or use add()"
-            )
-        elements = list(values)
-        if any(value is None for value in elements):
-            raise null_element(self.name)
+        elements = list_elements(self.name, values)
         if self._ttl is not None and elements:
             expires_at = self._expiry()
             elements = [(value, expires_at) for value in elements]

@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state_engine.checkpoint.canonical import KEYED_SCHEMA, CanonicalWriter, StateEntry
-from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.snapshot.canonical import KEYED_SCHEMA, CanonicalWriter, StateEntry
+from state_engine.snapshot.storage import CheckpointStorage
 
 
 def make_rows(n: int, max_parallelism: int, seed: int = 1) -> list[StateEntry]:

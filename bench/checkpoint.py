@@ -33,15 +33,15 @@ import pyarrow.parquet as pq
 from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.catalog import Catalog, upgrade
-from state_engine.checkpoint.canonical import KEYED_SCHEMA
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.checkpoint.state import SubtaskState
-from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.keygroups import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
+from state_engine.snapshot.canonical import KEYED_SCHEMA
+from state_engine.snapshot.metadata import FileKind, read_metadata
+from state_engine.snapshot.storage import CheckpointStorage
 from state_engine.state import ValueStateDescriptor
 
 MAX_P = 128

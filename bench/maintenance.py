@@ -43,19 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog, upgrade
-from state_engine.checkpoint.canonical import KEYED_SCHEMA, CanonicalWriter, read_key_groups
 from state_engine.checkpoint.commit import reserve
-from state_engine.checkpoint.delta import CLEAR, DELTA_SCHEMA, PUT, DeltaWriter
-from state_engine.checkpoint.metadata import (
-    OperatorSnapshot,
-    SnapshotFile,
-    SnapshotFormat,
-    SnapshotKind,
-    SnapshotMetadata,
-    SubtaskSnapshot,
-    read_metadata,
-)
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.config import Settings
 from state_engine.hashing import key_hashes
 from state_engine.jobs import compaction, rescale, savepoint, ttl_cleanup
@@ -65,6 +53,18 @@ from state_engine.jobs.output import OutputSnapshot, begin_output
 from state_engine.jobs.spark import build_spark, spark_url
 from state_engine.keygroups import compute_key_group_range_for_operator_index, key_groups_for_hashes
 from state_engine.serde import BytesSerializer, StrSerializer
+from state_engine.snapshot.canonical import KEYED_SCHEMA, CanonicalWriter, read_key_groups
+from state_engine.snapshot.delta import CLEAR, DELTA_SCHEMA, PUT, DeltaWriter
+from state_engine.snapshot.metadata import (
+    OperatorSnapshot,
+    SnapshotFile,
+    SnapshotFormat,
+    SnapshotKind,
+    SnapshotMetadata,
+    SubtaskSnapshot,
+    read_metadata,
+)
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.state import StateKind, StateMetaInfo, StateTtlConfig
 from state_engine.state.namespace import NamespaceSerializer
 

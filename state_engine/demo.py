@@ -36,13 +36,13 @@ from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.catalog import Catalog, RunRecord, SnapshotRecord
 from state_engine.catalog.engine import parse_url, sqlite_path
 from state_engine.catalog.migrate import upgrade
-from state_engine.checkpoint.storage import FileStore
 from state_engine.config import Settings
 from state_engine.demo_airflow import REPO, AirflowCli, DemoAirflowError, failure_message
 from state_engine.errors import NotFound, StatekeeperError
 from state_engine.examples import fraud
 from state_engine.formatting import format_table, human_bytes
 from state_engine.runtime import FileSink, JobRunner
+from state_engine.snapshot.storage import FileStore
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotStatus
 
 JOB = fraud.JOB_NAME

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.checkpoint.metadata import read_metadata
+from state_engine.snapshot.metadata import read_metadata
 from state_engine.snapshot_enums import SnapshotFormat
 
 

@@ -34,10 +34,10 @@ from typing import Any
 
 from state_engine.catalog import Catalog
 from state_engine.catalog.records import JobRecord, SnapshotFileRecord, SnapshotRecord
-from state_engine.checkpoint.metadata import SnapshotMetadata
-from state_engine.checkpoint.storage import METADATA_FILE, FileStore, SnapshotDir, format_checksum
 from state_engine.errors import StatekeeperError
 from state_engine.formatting import human_bytes
+from state_engine.snapshot.metadata import SnapshotMetadata
+from state_engine.snapshot.storage import METADATA_FILE, FileStore, SnapshotDir, format_checksum
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 ERROR, WARNING, PENDING = "ERROR", "WARNING", "PENDING"

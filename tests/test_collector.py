@@ -14,8 +14,8 @@ import pytest
 from state_engine.backends.heap import HeapKeyedStateBackend
 from state_engine.checkpoint.forked import reap_exited
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.collector import collector_paused, hold_frozen, release_frozen
+from state_engine.snapshot.storage import CheckpointStorage
 from tests.checkpoint.jobstate import OP, apply, close, factory, make_job, observe
 
 

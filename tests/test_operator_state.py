@@ -18,7 +18,6 @@ from state_engine.backends.operator_state import (
     OperatorStateBackend,
     OperatorStateMeta,
     OperatorStateMode,
-    OperatorStateRow,
     SourceOffsets,
     group_by_subtask,
     merge_state_meta,
@@ -36,6 +35,7 @@ from state_engine.errors import (
     UnknownPartition,
 )
 from state_engine.serde import ArrowRecordSerializer, IntSerializer, JsonSerializer
+from state_engine.snapshot.operator_rows import OperatorStateRow
 
 SPLIT = OperatorStateMode.SPLIT_DISTRIBUTE
 UNION = OperatorStateMode.UNION

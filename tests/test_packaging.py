@@ -117,7 +117,7 @@ def test_the_wheel_installs_the_engine_alone_then_the_airflow_plugin(tmp_path: P
         "statekeeper_airflow/operators.py",
         "statekeeper_airflow/entry_point.py",
         "statekeeper_plugin.py",
-        "state_engine/checkpoint/storage.py",
+        "state_engine/snapshot/storage.py",
     ):
         assert any(n.startswith(shipped) for n in names), f"{shipped} is not in {wheel.name}"
     assert "[airflow.plugins]" in entry_points
@@ -132,7 +132,7 @@ def test_the_wheel_installs_the_engine_alone_then_the_airflow_plugin(tmp_path: P
     # 1. No extras: the state engine and statectl, nothing of Spark, Airflow, S3 or PostgreSQL.
     _run([*install, str(wheel)], env, tmp_path)
     probe = (
-        "import importlib.util, json, state_engine.checkpoint.storage, state_engine;"
+        "import importlib.util, json, state_engine.snapshot.storage, state_engine;"
         f"print(json.dumps([state_engine.__file__, [n for n in {ENGINE_ONLY_ABSENT!r}"
         " if importlib.util.find_spec(n)]]))"
     )

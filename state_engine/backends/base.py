@@ -5,11 +5,11 @@ key's hash and key group once per record; every state access then reuses them. T
 (``snapshot_view`` / ``KeyedStateView.iter_entries`` / ``restore_entries``) speaks the canonical row
 (:class:`~state_engine.state.meta.StateEntry`), so any backend's export restores into any other.
 
-A backend's snapshots go through one :class:`SnapshotStrategy` (capture at the barrier, write the
-files asynchronously, describe them): every backend is written canonically by the checkpoint
-package's strategy; ``snapshot_strategy`` names a format of the backend's own (heap: delta on a
-canonical base; RocksDB: its native files). A new backend is one package: its state classes, its
-layout, its strategy and, for a native format, its restore.
+A backend's snapshots go through one ``SnapshotStrategy`` of the snapshot layer (capture at the
+barrier, write the files asynchronously, describe them): every backend is written canonically by
+``snapshot.strategy``'s strategy; ``snapshot_strategy`` names a format of the backend's own (heap:
+delta on a canonical base; RocksDB: its native files). A new backend is one package: its state
+classes, its layout, its strategy and, for a native format, its factory's restore.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from state_engine.errors import (
     IncompatibleSerializer,
@@ -38,59 +38,20 @@ from state_engine.state.namespace import NamespaceSerializer
 from state_engine.state.ttl import INT64_MIN, Clock, SystemClock, TtlTimeDomain
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    import pyarrow as pa
-
-    from state_engine.checkpoint.metadata import SnapshotFile
-    from state_engine.checkpoint.strategies import Capture, WriteContext
+    from state_engine.snapshot.strategy import SnapshotStrategy
     from state_engine.snapshot_enums import SnapshotFormat
 
 _time_ns = time.time_ns
+#: per restored state: the meta its rows were written with, and the meta the backend holds
+RestorePlan = dict[str, tuple[StateMetaInfo, StateMetaInfo]]
 
 __all__ = [
     "ChangedKey",
-    "ClaimingStrategy",
     "KeyedStateBackend",
     "KeyedStateView",
-    "SnapshotStrategy",
     "StateEntry",
     "StateMetaInfo",
 ]
-
-
-class SnapshotStrategy(Protocol):
-    """How one backend's keyed state becomes snapshot files (Flink's ``SnapshotStrategy``); each
-    strategy object belongs to one backend.
-
-    :meth:`capture` runs on the task thread at the barrier and only fixes a consistent view; the
-    returned capture's ``write_files`` then writes the files asynchronously (checkpoint thread or
-    a forked child) and its ``result`` describes them for ``_metadata`` and the catalog, with an
-    optional ``on_complete`` the manager calls on the task thread once the snapshot completed.
-    """
-
-    @property
-    def format(self) -> SnapshotFormat:
-        """The format its files are recorded as in ``_metadata``."""
-
-    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> Capture[Any]:
-        """Fix the view of the strategy's backend (task thread, short)."""
-
-
-@runtime_checkable
-class ClaimingStrategy(SnapshotStrategy, Protocol):
-    """A :class:`SnapshotStrategy` whose next checkpoint can build on a restored one.
-
-    After a restore in CLAIM mode (the job owns the restored checkpoint, as after a failover in
-    Flink), a subtask whose key-group range did not change holds exactly the state one old subtask
-    wrote. An incremental strategy then continues from that subtask's files instead of writing
-    the whole state again at the first checkpoint.
-    """
-
-    def claim(self, files: Sequence[SnapshotFile], rows: pa.Table | None = None) -> bool:
-        """Continue from ``files`` (the old subtask's, as in ``_metadata``); False: they are not
-        this strategy's format, and the next checkpoint starts over. ``rows``: the canonical
-        rows the restore read from them, when it built them as one table (a folded chain)."""
 
 
 class ChangedKey(NamedTuple):
@@ -149,6 +110,20 @@ def null_element(name: str) -> StateError:
     return StateError(
         f"list state {name!r} cannot hold None: filter None out before adding (as in Flink)"
     )
+
+
+def list_elements(name: str, values: Iterable[Any]) -> list[Any]:
+    """``values`` as the elements of list state ``name``: every backend takes an iterable (not a
+    str or bytes) without None."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise StateError(
+            f"list state {name!r} takes an iterable of elements, got "
+            f"{type(values).__name__}: wrap a single element in a list or use add()"
+        )
+    elements = list(values)
+    if any(value is None for value in elements):
+        raise null_element(name)
+    return elements
 
 
 def _describe_meta(meta: StateMetaInfo) -> dict[str, Any]:
@@ -446,7 +421,7 @@ class KeyedStateBackend(ABC):
 
     def _prepare_restore(
         self, state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]]
-    ) -> dict[str, tuple[StateMetaInfo, StateMetaInfo]]:
+    ) -> RestorePlan:
         """Per state name: (meta the rows were written with, meta the backend will hold)."""
         self._check_open()
         plan: dict[str, tuple[StateMetaInfo, StateMetaInfo]] = {}
@@ -501,13 +476,13 @@ class KeyedStateBackend(ABC):
         """The snapshot built from view ``view_id`` completed (no-op unless changes are tracked)."""
         return None
 
-    @abstractmethod
     def restore_entries(
         self,
         entries: Iterable[StateEntry],
         state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
     ) -> None:
         """Load canonical rows (any backend's export) into this backend."""
+        self._restore_entries(self._prepare_restore(state_meta), entries)
 
     def restore_columns(
         self,
@@ -515,12 +490,17 @@ class KeyedStateBackend(ABC):
         state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
     ) -> None:
         """Load canonical rows given one state at a time, column by column (a restore's bulk
-        path): the same as :meth:`restore_entries` of those rows, which is what this does
-        unless a backend fills itself faster from columns."""
-        self.restore_entries(
-            (entry for c in columns for entry in c.entries()),
-            state_meta,
-        )
+        path): the same as :meth:`restore_entries` of those rows."""
+        self._restore_columns(self._prepare_restore(state_meta), columns)
+
+    @abstractmethod
+    def _restore_entries(self, plan: RestorePlan, entries: Iterable[StateEntry]) -> None:
+        """Load rows written with the plan's metas (see :meth:`_prepare_restore`)."""
+
+    def _restore_columns(self, plan: RestorePlan, columns: Iterable[StateColumns]) -> None:
+        """:meth:`_restore_entries` of the columns' rows, unless a backend fills itself faster
+        from columns."""
+        self._restore_entries(plan, (entry for c in columns for entry in c.entries()))
 
     def close(self) -> None:
         self._closed = True

@@ -21,7 +21,7 @@ import operator
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, TypeGuard
 
 from state_engine.errors import (
     CorruptOperatorState,
@@ -45,6 +45,7 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
+from state_engine.snapshot.operator_rows import OperatorStateRow
 
 __all__ = [
     "BroadcastState",
@@ -52,7 +53,6 @@ __all__ = [
     "OperatorStateBackend",
     "OperatorStateMeta",
     "OperatorStateMode",
-    "OperatorStateRow",
     "SourceOffsets",
     "group_by_subtask",
     "merge_state_meta",
@@ -83,16 +83,6 @@ def _parse_mode(value: object, where: str) -> OperatorStateMode:
             "another system"
         )
     return mode
-
-
-class OperatorStateRow(NamedTuple):
-    """One element of one operator state of one subtask: the canonical snapshot row."""
-
-    state: str
-    mode: str
-    subtask: int
-    index: int  # type: ignore[assignment]  # the column's name; shadows tuple.index (unused)
-    value: bytes
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog.records import FileRef, KeyGroupStatRow, SnapshotRecord
-from state_engine.checkpoint.metadata import SnapshotMetadata, write_metadata
-from state_engine.checkpoint.storage import (
-    METADATA_FILE,
-    CheckpointStorage,
-    SnapshotDir,
-    format_checksum,
-)
 from state_engine.errors import (
     CommitConflict,
     InvalidSnapshotRequest,
@@ -46,6 +39,13 @@ from state_engine.errors import (
     StatekeeperError,
 )
 from state_engine.faults import crash_point
+from state_engine.snapshot.metadata import SnapshotMetadata, write_metadata
+from state_engine.snapshot.storage import (
+    METADATA_FILE,
+    CheckpointStorage,
+    SnapshotDir,
+    format_checksum,
+)
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:

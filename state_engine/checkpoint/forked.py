@@ -35,9 +35,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.collector import hold_frozen, release_frozen
 from state_engine.errors import CheckpointError
+from state_engine.snapshot.storage import SnapshotDir
 
 T = TypeVar("T")
 

@@ -28,14 +28,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from state_engine.backends.base import ClaimingStrategy, KeyedStateBackend, SnapshotStrategy
+from state_engine.backends.base import KeyedStateBackend
 from state_engine.catalog.records import FileRecord, KeyGroupStatRow, SnapshotRecord
 from state_engine.catalog.repository import Catalog
-from state_engine.checkpoint.canonical import (
-    DEFAULT_ROW_GROUP_BYTES,
-    KeyGroupStats,
-    write_operator_state,
-)
 from state_engine.checkpoint.commit import (
     FILE_LEASE_TTL_S,
     PendingCommit,
@@ -43,33 +38,13 @@ from state_engine.checkpoint.commit import (
     reserve,
 )
 from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
-from state_engine.checkpoint.metadata import (
-    OperatorSnapshot,
-    SnapshotFile,
-    SnapshotMetadata,
-    SubtaskSnapshot,
-)
-from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.restore import restore_snapshot
 from state_engine.checkpoint.spool import Spool, spool_for
 from state_engine.checkpoint.state import (
-    OPERATOR_STATE_PREFIX,
     RestoredState,
     RestoreMode,
     StateBackendFactory,
     SubtaskState,
-    operator_state_key,
-)
-from state_engine.checkpoint.storage import (
-    CheckpointStorage,
-    SnapshotDir,
-)
-from state_engine.checkpoint.strategies import (
-    SHARED_PREFIX,
-    CanonicalSnapshotStrategy,
-    Capture,
-    SubtaskResult,
-    WriteContext,
 )
 from state_engine.checkpoint.writer_lease import WriterLease
 from state_engine.collector import collector_paused
@@ -86,6 +61,29 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot.canonical import (
+    DEFAULT_ROW_GROUP_BYTES,
+    KeyGroupStats,
+    write_operator_state,
+)
+from state_engine.snapshot.metadata import (
+    OPERATOR_STATE_PREFIX,
+    OperatorSnapshot,
+    SnapshotFile,
+    SnapshotMetadata,
+    SubtaskSnapshot,
+    operator_state_key,
+)
+from state_engine.snapshot.registry import SharedStateRegistry
+from state_engine.snapshot.storage import SHARED_PREFIX, CheckpointStorage, SnapshotDir
+from state_engine.snapshot.strategy import (
+    CanonicalSnapshotStrategy,
+    Capture,
+    ClaimingStrategy,
+    SnapshotStrategy,
+    SubtaskResult,
+    WriteContext,
+)
 from state_engine.snapshot_enums import FORMAT_OPTIONS, SnapshotFormat, SnapshotKind, SnapshotStatus
 
 _log = logging.getLogger(__name__)

@@ -4,11 +4,10 @@ At the same max parallelism a new subtask owns one key-group range; it reads
 
 - canonical files: only the files and row groups whose index overlaps its range;
 - delta chains: the base and delta row groups of its range, folded;
-- native RocksDB files, through the RocksDB package (``backends/rocksdb/restore.py``): a factory
-  that opens native files in place (RocksDB's) gets the DB of the old subtask that overlaps it
-  most, with the foreign key groups cut out (as Flink does); other overlapping DBs are opened
-  aside and their rows of the range inserted. With a heap factory every overlapping DB is opened
-  aside and exported as canonical rows (the bridge).
+- native files, through the factory's ``restore_native`` (the backend package whose format they
+  are knows how): RocksDB's opens the DB of the old subtask that overlaps it most, with the
+  foreign key groups cut out (as Flink does), and inserts the rows of the range from the other
+  overlapping DBs; the heap's opens every overlapping DB aside and reads its rows (the bridge).
 
 Operator state goes through :func:`~state_engine.backends.operator_state.redistribute` by its mode.
 Nothing is written to the catalog before the snapshot's ``_metadata``, files and serializers
@@ -20,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -31,30 +30,13 @@ from state_engine.backends.operator_state import (
     group_by_subtask,
 )
 from state_engine.catalog.records import SnapshotRecord
-from state_engine.checkpoint.canonical import (
-    as_table,
-    read_key_groups,
-    read_operator_state,
-    state_columns,
-)
 from state_engine.checkpoint.commit import register
-from state_engine.checkpoint.delta import read_folded_table
-from state_engine.checkpoint.metadata import (
-    FileKind,
-    OperatorSnapshot,
-    SnapshotFile,
-    SnapshotMetadata,
-    SubtaskSnapshot,
-    read_metadata,
-    verify,
-)
 from state_engine.checkpoint.state import (
-    OPERATOR_STATE_PREFIX,
+    NativeRestoreFactory,
     RestoredState,
     StateBackendFactory,
     SubtaskState,
 )
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import (
     IncompatibleSerializer,
     InvalidParallelism,
@@ -73,18 +55,48 @@ from state_engine.serde import (
     get_serializer,
     serializer_from_snapshot,
 )
+from state_engine.snapshot.canonical import (
+    as_table,
+    read_key_groups,
+    read_operator_state,
+    state_columns,
+)
+from state_engine.snapshot.delta import read_folded_table
+from state_engine.snapshot.metadata import (
+    NATIVE_KINDS,
+    OPERATOR_STATE_PREFIX,
+    FileKind,
+    OperatorSnapshot,
+    SnapshotFile,
+    SnapshotMetadata,
+    SubtaskSnapshot,
+    read_metadata,
+    verify,
+)
+from state_engine.snapshot.native import BackendSpec, NativeSource
+from state_engine.snapshot.registry import SharedStateRegistry
+from state_engine.snapshot.storage import CheckpointStorage, ReadStats, SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from state_engine.state.descriptors import StateKind
 from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
-    from state_engine.checkpoint.manager import CheckpointManager
+    from state_engine.catalog.repository import Catalog
 
-_NATIVE = {FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE}
+
+class RestoreContext(Protocol):
+    """What a restore needs of the checkpoint manager it restores for."""
+
+    catalog: Catalog
+    storage: CheckpointStorage
+    job: str
+    max_parallelism: int
+    registry: SharedStateRegistry
+    verify_checksums: bool
 
 
 def resolve_snapshot(
-    manager: CheckpointManager, snapshot: int | str | SnapshotRecord
+    manager: RestoreContext, snapshot: int | str | SnapshotRecord
 ) -> tuple[SnapshotRecord | None, SnapshotDir]:
     """The catalog record (None for a directory the catalog does not know) and its directory."""
     cat = manager.catalog
@@ -129,7 +141,7 @@ def _check_status(record: SnapshotRecord) -> SnapshotRecord:
     return record
 
 
-def _dir_of(manager: CheckpointManager, record: SnapshotRecord) -> SnapshotDir:
+def _dir_of(manager: RestoreContext, record: SnapshotRecord) -> SnapshotDir:
     snap = manager.storage.snapshot(record.location)
     if record.kind is SnapshotKind.SAVEPOINT:
         snap = snap.self_contained()
@@ -191,7 +203,7 @@ class RestoreResult:
 
 
 def restore_snapshot(
-    manager: CheckpointManager,
+    manager: RestoreContext,
     snapshot: int | str | SnapshotRecord,
     *,
     parallelism: int,
@@ -313,7 +325,7 @@ def _unchanged_subtask_files(
 
 
 def register_savepoint(
-    manager: CheckpointManager, snap: SnapshotDir, meta: SnapshotMetadata
+    manager: RestoreContext, snap: SnapshotDir, meta: SnapshotMetadata
 ) -> SnapshotRecord:
     """Record a savepoint directory the catalog does not know (e.g. relocated) as COMPLETED."""
     return register(manager.catalog, manager.job, snap, meta, trigger="relocated")
@@ -324,7 +336,7 @@ def _overlap(st: SubtaskSnapshot, rng: KeyGroupRange) -> KeyGroupRange:
 
 
 def _restore_keyed(
-    manager: CheckpointManager,
+    manager: RestoreContext,
     snap: SnapshotDir,
     meta: SnapshotMetadata,
     op: OperatorSnapshot,
@@ -338,31 +350,23 @@ def _restore_keyed(
 ) -> tuple[KeyedStateBackend, pa.Table | None]:
     """The keyed backend of new subtask ``index`` (key groups ``rng``), and the rows a delta
     chain folded to (None for other formats)."""
-    max_p = meta.max_parallelism
-    sources = [s for s in op.subtasks if not _overlap(s, rng).is_empty]
-    kinds = {s.index: {meta.file(p).kind for p in s.files} for s in sources}
-    native = [s for s in sources if kinds[s.index] & _NATIVE]
-    backend: KeyedStateBackend | None = None
-    rest = sources
+    spec = BackendSpec(op.operator_id, index, key_ser, meta.max_parallelism, rng, clock)
+    overlapping = [s for s in op.subtasks if not _overlap(s, rng).is_empty]
+    kinds = {s.index: {meta.file(p).kind for p in s.files} for s in overlapping}
+    native = [s for s in overlapping if kinds[s.index] & NATIVE_KINDS]
+    rest = [s for s in overlapping if not kinds[s.index] & NATIVE_KINDS]
     if native:
-        # RocksDB's files, read by the RocksDB package (loaded only for native snapshots)
-        from state_engine.backends.rocksdb.restore import (
-            NativeRestoreFactory,
-            NativeSource,
-            insert_rows,
-        )
-
-        def source(s: SubtaskSnapshot) -> NativeSource:
-            return NativeSource(snap, meta, s, stats, manager.registry)
-
-        if isinstance(factory, NativeRestoreFactory):
-            base = max(native, key=lambda s: len(_overlap(s, rng)))
-            backend = factory.restore_native(
-                op.operator_id, index, key_ser, max_p, rng, clock, source(base)
+        # a native format is read by the backend package that has one: its factory knows how
+        if not isinstance(factory, NativeRestoreFactory):
+            raise InvalidSnapshotRequest(
+                f"snapshot {snap.url} holds native files of operator {op.operator_id!r}, which "
+                f"{type(factory).__name__} cannot restore: restore with RocksDBBackendFactory "
+                "or HeapBackendFactory (which reads them as rows)"
             )
-            rest = [s for s in sources if s is not base]
-    if backend is None:
-        backend = factory.create(op.operator_id, index, key_ser, max_p, rng, clock)
+        sources = [NativeSource(snap, meta, s, stats, manager.registry) for s in native]
+        backend = factory.restore_native(spec, sources)
+    else:
+        backend = factory.create(*spec)
     folded = None
     try:
         canonical_files: list[SnapshotFile] = []
@@ -371,13 +375,10 @@ def _restore_keyed(
         # every chain. Its subtasks' base files are not read again on their own: list states
         # would come back doubled.
         delta = any(FileKind.DELTA in kinds[s.index] for s in rest)
-        for s in rest:
-            if kinds[s.index] & _NATIVE:
-                insert_rows(source(s), rng, backend, key_ser)
-            elif not delta:
-                canonical_files.extend(
-                    meta.file(p) for p in s.files if meta.file(p).kind is FileKind.KEYED
-                )
+        if not delta:
+            canonical_files.extend(
+                meta.file(p) for s in rest for p in s.files if meta.file(p).kind is FileKind.KEYED
+            )
         # a rescaled snapshot lists a file that straddles two subtasks' ranges under both
         canonical_files = list(dict.fromkeys(canonical_files))
         if canonical_files:

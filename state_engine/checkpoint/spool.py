@@ -20,9 +20,9 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from state_engine.checkpoint.metadata import SnapshotFile
-from state_engine.checkpoint.storage import SnapshotDir, SnapshotFileWriter
 from state_engine.errors import CheckpointError
+from state_engine.snapshot.metadata import SnapshotFile
+from state_engine.snapshot.storage import SnapshotDir, SnapshotFileWriter
 
 _CHUNK = 4 << 20
 

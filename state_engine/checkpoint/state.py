@@ -2,32 +2,27 @@
 
 :class:`SubtaskState` is one subtask's backends (keyed and operator state, per operator uid);
 a :class:`StateBackendFactory` makes keyed backends for restored subtasks (each backend package
-has one: ``HeapBackendFactory``, ``RocksDBBackendFactory``); :class:`RestoreMode` decides who owns
-the restored snapshot (Flink's CLAIM / NO_CLAIM).
+has one: ``HeapBackendFactory``, ``RocksDBBackendFactory``), and a :class:`NativeRestoreFactory`
+also restores them from a native snapshot's files; :class:`RestoreMode` decides who owns the
+restored snapshot (Flink's CLAIM / NO_CLAIM).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from state_engine.backends.base import KeyedStateBackend
 from state_engine.backends.operator_state import OperatorStateBackend
-from state_engine.checkpoint.storage import ReadStats
 from state_engine.keygroups import KeyGroupRange
+from state_engine.snapshot.native import BackendSpec, NativeSource
+from state_engine.snapshot.storage import ReadStats
 from state_engine.state.ttl import Clock
 
 if TYPE_CHECKING:
     from state_engine.catalog.records import SnapshotRecord
-
-#: where an operator state's meta sits in ``OperatorSnapshot.states`` (keyed states: their name)
-OPERATOR_STATE_PREFIX = "@operator/"
-
-
-def operator_state_key(name: str) -> str:
-    """The key of operator state ``name`` in ``OperatorSnapshot.states``."""
-    return OPERATOR_STATE_PREFIX + name
 
 
 @dataclass
@@ -80,4 +75,15 @@ class StateBackendFactory(Protocol):
         max_parallelism: int,
         key_group_range: KeyGroupRange,
         clock: Clock | None,
+    ) -> KeyedStateBackend: ...
+
+
+@runtime_checkable
+class NativeRestoreFactory(StateBackendFactory, Protocol):
+    """A factory that also restores a subtask's backend from a native snapshot's files: the
+    old subtasks' ``sources`` that overlap the spec's key groups (RocksDB opens the best one in
+    place; the heap reads them as rows)."""
+
+    def restore_native(
+        self, spec: BackendSpec, sources: Sequence[NativeSource]
     ) -> KeyedStateBackend: ...

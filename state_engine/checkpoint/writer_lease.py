@@ -46,7 +46,7 @@ from state_engine.snapshot_enums import SnapshotStatus
 
 if TYPE_CHECKING:
     from state_engine.catalog import Catalog, SnapshotRecord
-    from state_engine.checkpoint.storage import CheckpointStorage
+    from state_engine.snapshot.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
 

@@ -37,14 +37,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from state_engine.checkpoint.canonical import CanonicalWriter, KeyGroupStats
-from state_engine.checkpoint.metadata import (
-    OperatorSnapshot,
-    SnapshotFile,
-    SnapshotMetadata,
-    SubtaskSnapshot,
-)
-from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import FlinkConversionError, UnsupportedFlinkSerializer
 from state_engine.flink.keyed_state import ProxyHeader, operator_label, read_proxy_header
 from state_engine.flink.pyflink import PyFlinkTypes, is_pyflink_entry, pyflink_entry
@@ -68,6 +60,14 @@ from state_engine.serde import (
     StrSerializer,
     TypeSerializer,
 )
+from state_engine.snapshot.canonical import CanonicalWriter, KeyGroupStats
+from state_engine.snapshot.metadata import (
+    OperatorSnapshot,
+    SnapshotFile,
+    SnapshotMetadata,
+    SubtaskSnapshot,
+)
+from state_engine.snapshot.storage import SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 from state_engine.state.meta import StateEntry, StateMetaInfo
 from state_engine.state.namespace import VOID_NAMESPACE, NamespaceSerializer

@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 from state_engine.catalog.records import SnapshotRecord
-from state_engine.checkpoint.storage import FileStore
+from state_engine.snapshot.storage import FileStore
 
 #: a ``_metadata``'s (size in bytes, modification time, change time), times in epoch seconds
 Stamp = tuple[int, float, float]

@@ -50,7 +50,6 @@ from typing import Any
 
 from state_engine.catalog import Catalog, FileGroup, KeyGroupStatRow
 from state_engine.catalog.records import JobRecord, SnapshotRecord
-from state_engine.checkpoint.storage import FileStore
 from state_engine.collector import collector_paused
 from state_engine.errors import (
     FlinkDirectoryClaimed,
@@ -78,6 +77,7 @@ from state_engine.flink.metadata import (
     normalize_location,
     read_metadata,
 )
+from state_engine.snapshot.storage import FileStore
 from state_engine.snapshot_enums import SnapshotStatus
 
 ROLE_CHECKPOINTS = "flink-checkpoints"

@@ -572,8 +572,8 @@ def catalog_flink_metadata(catalog: Any, snapshot_id: int) -> FlinkSnapshotMetad
 
 
 def _is_flink_metadata(location: str) -> bool:
-    from state_engine.checkpoint.storage import open_url
     from state_engine.flink.metadata import HEADER_MAGIC_NUMBER, metadata_file
+    from state_engine.snapshot.storage import open_url
 
     try:
         with open_url(metadata_file(location)) as f:

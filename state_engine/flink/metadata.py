@@ -29,7 +29,6 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from state_engine.checkpoint.storage import FileStore, open_url
 from state_engine.errors import (
     FlinkMetadataError,
     FlinkPathEscapes,
@@ -37,6 +36,7 @@ from state_engine.errors import (
 )
 from state_engine.flink.javaser import JavaEnum, JavaObject, decode_modified_utf8, read_java_object
 from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
+from state_engine.snapshot.storage import FileStore, open_url
 
 METADATA_FILE_NAME = "_metadata"
 HEADER_MAGIC_NUMBER = 0x4960672D

@@ -66,7 +66,6 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
 from state_engine.catalog.records import SnapshotRecord
-from state_engine.checkpoint.storage import FileStore, remove_empty_dirs
 from state_engine.errors import (
     FlinkJobDirectoryMissing,
     FlinkMetadataError,
@@ -99,6 +98,7 @@ from state_engine.jobs.deletion import (
     wait_seconds,
 )
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot.storage import FileStore, remove_empty_dirs
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:

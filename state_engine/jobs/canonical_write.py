@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from state_engine.checkpoint.canonical import (
+from state_engine.errors import InvalidJobParams, SparkTaskFailed
+from state_engine.faults import pause_point
+from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot.canonical import (
     DEFAULT_ROW_GROUP_BYTES,
     DEFAULT_TARGET_FILE_BYTES,
     KEYED_SCHEMA,
@@ -33,11 +36,8 @@ from state_engine.checkpoint.canonical import (
     KeyGroupStats,
     arrow_array,
 )
-from state_engine.checkpoint.metadata import SnapshotFile
-from state_engine.checkpoint.storage import SnapshotDir
-from state_engine.errors import InvalidJobParams, SparkTaskFailed
-from state_engine.faults import pause_point
-from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot.metadata import SnapshotFile
+from state_engine.snapshot.storage import SnapshotDir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

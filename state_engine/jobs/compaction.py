@@ -3,7 +3,7 @@ bin-packing the rows into files of about ``target_file_bytes``.
 
 Input: a COMPLETED DELTA snapshot (its chain is folded: per identity the row with the greatest
 (chain index, seq) wins, CLEAR removes a whole (state, key, namespace); see
-:mod:`state_engine.checkpoint.delta`), or a CANONICAL snapshot with many small files (rewritten
+:mod:`state_engine.snapshot.delta`), or a CANONICAL snapshot with many small files (rewritten
 into fewer). One Spark task per write range reads that range's base and delta row groups through
 the key-group index, folds them and writes canonical files; the driver copies operator state and
 commits (``jobs.output``). Write ranges are cut from each subtask's key-group range so that each
@@ -35,9 +35,6 @@ import numpy as np
 import pyarrow as pa
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.canonical import DEFAULT_TARGET_FILE_BYTES
-from state_engine.checkpoint.metadata import SnapshotMetadata
-from state_engine.checkpoint.storage import ReadStats
 from state_engine.errors import (
     CommitConflict,
     InvalidJobParams,
@@ -56,6 +53,9 @@ from state_engine.jobs.output import output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.jobs.snapshot_read import estimated_key_group_bytes, open_source, range_batches
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.snapshot.canonical import DEFAULT_TARGET_FILE_BYTES
+from state_engine.snapshot.metadata import SnapshotMetadata
+from state_engine.snapshot.storage import ReadStats
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:

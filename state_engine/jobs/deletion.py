@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.commit import file_lease_name
-from state_engine.checkpoint.storage import delete_each, delete_url
 from state_engine.errors import (
     DeletionLeaseHeld,
     DeletionLeaseLost,
@@ -49,6 +48,7 @@ from state_engine.errors import (
 from state_engine.faults import crash_point
 from state_engine.jobs.run import RunTarget
 from state_engine.jobs.spark import spark_url
+from state_engine.snapshot.storage import delete_each, delete_url
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

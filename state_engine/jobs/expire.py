@@ -41,7 +41,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.checkpoint.storage import remove_empty_dirs
 from state_engine.checkpoint.writer_lease import running_writer
 from state_engine.errors import (
     CommitConflict,
@@ -66,6 +65,7 @@ from state_engine.jobs.deletion import (
 )
 from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot.storage import remove_empty_dirs
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:

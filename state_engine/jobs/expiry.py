@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state_engine.checkpoint.canonical import arrow_array, int_values, is_valid
-from state_engine.checkpoint.metadata import SnapshotMetadata
+from state_engine.snapshot.canonical import arrow_array, int_values, is_valid
+from state_engine.snapshot.metadata import SnapshotMetadata
 from state_engine.state.ttl import INT64_MIN
 
 # state name -> expiry threshold (an entry with expires_at <= threshold is dropped)

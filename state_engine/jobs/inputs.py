@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile, SnapshotMetadata, read_metadata
-from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import (
     InvalidJobParams,
     MissingMetadata,
@@ -22,6 +20,8 @@ from state_engine.errors import (
 from state_engine.jobs.run import RunTarget
 from state_engine.jobs.snapshot_read import open_source, snapshot_format
 from state_engine.jobs.spark import check_reachable
+from state_engine.snapshot.metadata import FileKind, SnapshotFile, SnapshotMetadata, read_metadata
+from state_engine.snapshot.storage import SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotStatus
 
 _ADVICE = {

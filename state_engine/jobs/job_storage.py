@@ -6,8 +6,8 @@ from __future__ import annotations
 import posixpath
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.config import Settings
+from state_engine.snapshot.storage import CheckpointStorage
 
 
 def storage_for(catalog: Catalog, job: str, settings: Settings | None = None) -> CheckpointStorage:

@@ -34,12 +34,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import (
-    METADATA_FILE,
-    SHARED_DIR,
-    list_url,
-    remove_empty_dirs,
-)
 from state_engine.faults import crash_point
 from state_engine.jobs.deletion import (
     SPARK_MIN_FILES,
@@ -54,6 +48,12 @@ from state_engine.jobs.deletion import (
 )
 from state_engine.jobs.job_storage import storage_for
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.snapshot.storage import (
+    METADATA_FILE,
+    SHARED_DIR,
+    list_url,
+    remove_empty_dirs,
+)
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:

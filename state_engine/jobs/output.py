@@ -25,21 +25,21 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import KeyGroupStatRow, SnapshotRecord
-from state_engine.checkpoint.canonical import DEFAULT_ROW_GROUP_BYTES, DEFAULT_TARGET_FILE_BYTES
 from state_engine.checkpoint.commit import PendingCommit, abandon, reserve
-from state_engine.checkpoint.metadata import (
+from state_engine.config import Settings
+from state_engine.errors import InvalidJobParams, InvalidSnapshotRequest
+from state_engine.jobs.canonical_write import RangeOutput, TargetSpec
+from state_engine.jobs.job_storage import storage_for
+from state_engine.jobs.run import JobResult
+from state_engine.snapshot.canonical import DEFAULT_ROW_GROUP_BYTES, DEFAULT_TARGET_FILE_BYTES
+from state_engine.snapshot.metadata import (
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
     SnapshotMetadata,
     SubtaskSnapshot,
 )
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
-from state_engine.config import Settings
-from state_engine.errors import InvalidJobParams, InvalidSnapshotRequest
-from state_engine.jobs.canonical_write import RangeOutput, TargetSpec
-from state_engine.jobs.job_storage import storage_for
-from state_engine.jobs.run import JobResult
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.snapshot_enums import (
     UNFINISHED_STATUSES,
     SnapshotFormat,

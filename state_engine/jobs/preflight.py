@@ -164,7 +164,7 @@ def allowed_roots(catalog: Catalog, job: str, settings: Settings) -> list[str]:
 
 
 def _canonical_url(url: str) -> str:
-    from state_engine.checkpoint.storage import canonical_url
+    from state_engine.snapshot.storage import canonical_url
 
     return canonical_url(url)
 

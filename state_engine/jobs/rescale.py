@@ -49,27 +49,10 @@ import pyarrow as pa
 
 from state_engine.backends.operator_state import (
     OperatorStateMode,
-    OperatorStateRow,
     group_by_subtask,
     redistribute,
 )
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.canonical import (
-    KEYED_SCHEMA,
-    KeyGroupStats,
-    arrow_array,
-    int_values,
-    read_operator_state,
-    write_operator_state,
-)
-from state_engine.checkpoint.metadata import (
-    FileKind,
-    OperatorSnapshot,
-    SnapshotFile,
-    SnapshotMetadata,
-    SubtaskSnapshot,
-)
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import InvalidJobParams, InvalidParallelism, SnapshotNotUsable
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import (
@@ -96,6 +79,23 @@ from state_engine.keygroups import (
     compute_key_group_range_for_operator_index,
     key_groups_for_hashes,
 )
+from state_engine.snapshot.canonical import (
+    KEYED_SCHEMA,
+    KeyGroupStats,
+    arrow_array,
+    int_values,
+    read_operator_state,
+    write_operator_state,
+)
+from state_engine.snapshot.metadata import (
+    FileKind,
+    OperatorSnapshot,
+    SnapshotFile,
+    SnapshotMetadata,
+    SubtaskSnapshot,
+)
+from state_engine.snapshot.operator_rows import OperatorStateRow
+from state_engine.snapshot.storage import ReadStats, SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:

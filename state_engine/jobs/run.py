@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import storage_failure
 from state_engine.config import Settings
 from state_engine.errors import MaintenanceJobFailed, StatekeeperError
 from state_engine.jobs.preflight import READS, pinned_snapshot, record_refusal
+from state_engine.snapshot.storage import storage_failure
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

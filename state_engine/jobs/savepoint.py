@@ -23,9 +23,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.canonical import arrow_array
-from state_engine.checkpoint.metadata import SnapshotMetadata
-from state_engine.checkpoint.storage import ReadStats
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import (
     RangeOutput,
@@ -45,6 +42,9 @@ from state_engine.jobs.snapshot_read import (
     range_batches,
 )
 from state_engine.jobs.spark import check_reachable, min_tasks
+from state_engine.snapshot.canonical import arrow_array
+from state_engine.snapshot.metadata import SnapshotMetadata
+from state_engine.snapshot.storage import ReadStats
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Used by compaction, savepoint and rescale, inside Spark tasks:
 
 - canonical: the range's row groups, through the key-group index (:func:`read_key_groups`);
 - delta (heap incremental chain): the base and delta row groups of the range, folded with the
-  rule of :mod:`state_engine.checkpoint.delta`, vectorised (:func:`fold_range`);
+  rule of :mod:`state_engine.snapshot.delta`, vectorised (:func:`fold_range`);
 - native (RocksDB): one old subtask's SST and private files copied into a local scratch
   directory, opened with rocksdict (through the RocksDB backend, which knows the key layout) and
   exported as canonical rows (:func:`native_subtask_batches`).
@@ -21,27 +21,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state_engine.checkpoint.canonical import (
+from state_engine.errors import CorruptMetadata
+from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
+from state_engine.keygroups import KeyGroupRange
+from state_engine.snapshot.canonical import (
     KEYED_SCHEMA,
     arrow_array,
     bool_values,
     int_values,
     read_key_groups,
 )
-from state_engine.checkpoint.delta import CLEAR, PUT
-from state_engine.checkpoint.metadata import (
+from state_engine.snapshot.delta import CLEAR, PUT
+from state_engine.snapshot.metadata import (
+    NATIVE_KINDS,
     FileKind,
     OperatorSnapshot,
     SnapshotFile,
     SnapshotMetadata,
 )
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir
-from state_engine.errors import CorruptMetadata
-from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
-from state_engine.keygroups import KeyGroupRange
+from state_engine.snapshot.storage import ReadStats, SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
-NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
 _GROUP = ("key_group", "key", "namespace", "state")
 _BATCH_ROWS = 16384
 
@@ -245,8 +245,9 @@ def native_subtask_batches(
     The DB is copied (every checksum checked) into a scratch directory of this task by the
     RocksDB package's native restore, opened aside and removed afterwards.
     """
-    from state_engine.backends.rocksdb.restore import NativeSource, opened_aside
+    from state_engine.backends.rocksdb.restore import opened_aside
     from state_engine.serde import SerializerSnapshot, serializer_from_snapshot
+    from state_engine.snapshot.native import NativeSource
 
     op = meta.operator(operator)
     st = next(s for s in op.subtasks if s.index == subtask)

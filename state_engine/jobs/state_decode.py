@@ -14,11 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from state_engine.checkpoint.metadata import SnapshotFile, SnapshotMetadata
 from state_engine.errors import InvalidJobParams, SerializationError
 from state_engine.jobs.inputs import InputSnapshot
 from state_engine.keygroups import assign_to_key_group
 from state_engine.serde import TypeSerializer, serializer_from_snapshot
+from state_engine.snapshot.metadata import SnapshotFile, SnapshotMetadata
 
 COLUMNS = (
     "operator",

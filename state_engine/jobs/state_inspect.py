@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.canonical import read_key_groups
 from state_engine.jobs.inputs import InputSnapshot, load_input
 from state_engine.jobs.snapshot_read import open_source
 from state_engine.jobs.state_decode import (
@@ -30,6 +29,7 @@ from state_engine.jobs.state_decode import (
     operators_to_read,
     read_plan,
 )
+from state_engine.snapshot.canonical import read_key_groups
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.metadata import SnapshotFile
 from state_engine.jobs.inputs import InputSnapshot, load_input
 from state_engine.jobs.state_decode import (
     COLUMNS,
@@ -30,6 +29,7 @@ from state_engine.jobs.state_decode import (
     operators_to_read,
     read_plan,
 )
+from state_engine.snapshot.metadata import SnapshotFile
 
 #: Keyed bytes up to which ``state show`` reads the files itself instead of starting Spark.
 LOCAL_READ_BYTES = 64 << 20

@@ -21,12 +21,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.canonical import (
-    arrow_array,
-    read_key_groups,
-)
-from state_engine.checkpoint.metadata import SnapshotMetadata
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.jobs.canonical_write import (
     RangeOutput,
     TargetSpec,
@@ -40,6 +34,12 @@ from state_engine.jobs.inputs import load_input, resolve_input
 from state_engine.jobs.output import output_snapshot
 from state_engine.jobs.run import JobResult, RunContext, maintenance_job
 from state_engine.jobs.spark import min_tasks
+from state_engine.snapshot.canonical import (
+    arrow_array,
+    read_key_groups,
+)
+from state_engine.snapshot.metadata import SnapshotMetadata
+from state_engine.snapshot.storage import ReadStats, SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:

@@ -21,7 +21,6 @@ from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.state import RestoredState, RestoreMode, SubtaskState
-from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.checkpoint.writer_lease import WriterLease
 from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
@@ -31,6 +30,7 @@ from state_engine.runtime.keyed_operator import KeyedProcessOperator
 from state_engine.runtime.sinks import SinkWriter, new_attempt_id
 from state_engine.runtime.source_reader import SourceReader
 from state_engine.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK
+from state_engine.snapshot.storage import CheckpointStorage
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 from state_engine.state.ttl import Clock, SystemClock

@@ -29,10 +29,7 @@ from state_engine.backends.heap import HeapBackendFactory
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.backends.rocksdb.snapshot import NativeSnapshotStrategy
 from state_engine.checkpoint.forked import ForkedWrite, can_fork, reap_exited
-from state_engine.checkpoint.registry import SharedStateRegistry
 from state_engine.checkpoint.spool import Spool, spool_for
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
-from state_engine.checkpoint.strategies import CanonicalCapture, Capture, WriteContext
 from state_engine.collector import hold_frozen
 from state_engine.runtime.job import Job
 from state_engine.runtime.keyed_operator import KeyedProcessOperator
@@ -40,6 +37,9 @@ from state_engine.runtime.runner import JobRunner, _Subtask, build_subtask
 from state_engine.runtime.sinks import Committable, Sink, SinkTransactions
 from state_engine.runtime.source_reader import SourceReader
 from state_engine.runtime.watermarks import MAX_WATERMARK
+from state_engine.snapshot.registry import SharedStateRegistry
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
+from state_engine.snapshot.strategy import CanonicalCapture, Capture, WriteContext
 from state_engine.snapshot_enums import SnapshotFormat
 from state_engine.state.meta import StateEntry
 

@@ -49,8 +49,6 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.heap import HeapBackendFactory
 from state_engine.checkpoint.state import SubtaskState
-from state_engine.checkpoint.storage import CheckpointStorage
-from state_engine.checkpoint.strategies import Capture, SubtaskResult, WriteContext
 from state_engine.errors import InvalidJob, JobError
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.runtime import forkserver_main
@@ -67,6 +65,8 @@ from state_engine.runtime.worker import (
     WriteSpec,
     worker_main,
 )
+from state_engine.snapshot.storage import CheckpointStorage
+from state_engine.snapshot.strategy import Capture, SubtaskResult, WriteContext
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 

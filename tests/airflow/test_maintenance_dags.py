@@ -19,12 +19,12 @@ from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.state import SubtaskState
-from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.keygroups import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
 from state_engine.maintenance_plan import delta_chain
+from state_engine.snapshot.storage import CheckpointStorage
 from state_engine.state import ValueStateDescriptor
 from tests.airflow.sk_airflow_support import DAGS
 from tests.jobs.jobdata import make_snapshot

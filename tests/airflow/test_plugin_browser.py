@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from state_engine.catalog import Catalog, FileRef, KeyGroupStatRow
-from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.snapshot.storage import CheckpointStorage
 from tests.airflow import sk_png
 from tests.airflow.sk_airflow_support import MovableClock
 from tests.airflow.sk_browser import INSTALL_HINT, chromium, find_chromium

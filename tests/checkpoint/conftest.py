@@ -11,15 +11,15 @@ from typing import Any
 import fsspec
 import pytest
 
-from state_engine.checkpoint.canonical import CanonicalWriter
-from state_engine.checkpoint.metadata import (
+from state_engine.snapshot.canonical import CanonicalWriter
+from state_engine.snapshot.metadata import (
     OperatorSnapshot,
     SnapshotFile,
     SnapshotMetadata,
     SubtaskSnapshot,
     write_metadata,
 )
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state_engine.checkpoint.canonical import (
+from state_engine.snapshot.canonical import (
     _from_buffers,
     binary_lengths,
     int_values,

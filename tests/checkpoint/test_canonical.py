@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state_engine.checkpoint.canonical import (
+from state_engine.errors import ChecksumMismatch, InvalidStateRows, SnapshotFileMismatch
+from state_engine.snapshot.canonical import (
     KEYED_SCHEMA,
     OPERATOR_SCHEMA,
     CanonicalWriter,
@@ -26,7 +27,7 @@ from state_engine.checkpoint.canonical import (
     read_operator_state,
     write_operator_state,
 )
-from state_engine.checkpoint.metadata import (
+from state_engine.snapshot.metadata import (
     FileKind,
     OperatorSnapshot,
     SnapshotMetadata,
@@ -35,8 +36,7 @@ from state_engine.checkpoint.metadata import (
     verify,
     write_metadata,
 )
-from state_engine.checkpoint.storage import CheckpointStorage, ReadStats, SnapshotDir
-from state_engine.errors import ChecksumMismatch, InvalidStateRows, SnapshotFileMismatch
+from state_engine.snapshot.storage import CheckpointStorage, ReadStats, SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from state_engine.checkpoint.canonical import CanonicalWriter
 from state_engine.checkpoint.commit import PendingCommit, register, reserve
-from state_engine.checkpoint.metadata import (
+from state_engine.errors import InvalidSnapshotRequest
+from state_engine.snapshot.canonical import CanonicalWriter
+from state_engine.snapshot.metadata import (
     OperatorSnapshot,
     SnapshotMetadata,
     SubtaskSnapshot,
     read_metadata,
 )
-from state_engine.checkpoint.storage import METADATA_FILE, CheckpointStorage
-from state_engine.errors import InvalidSnapshotRequest
+from state_engine.snapshot.storage import METADATA_FILE, CheckpointStorage
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 MAX_P = 128

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state_engine.checkpoint.canonical import KEYED_SCHEMA, CanonicalWriter, state_columns
-from state_engine.checkpoint.delta import (
+from state_engine.errors import InvalidStateRows
+from state_engine.snapshot.canonical import KEYED_SCHEMA, CanonicalWriter, state_columns
+from state_engine.snapshot.delta import (
     CLEAR,
     DELETE,
     DELTA_SCHEMA,
@@ -23,7 +24,7 @@ from state_engine.checkpoint.delta import (
     read_folded,
     read_folded_table,
 )
-from state_engine.checkpoint.metadata import (
+from state_engine.snapshot.metadata import (
     OperatorSnapshot,
     SnapshotMetadata,
     SubtaskSnapshot,
@@ -31,8 +32,7 @@ from state_engine.checkpoint.metadata import (
     verify,
     write_metadata,
 )
-from state_engine.checkpoint.storage import CheckpointStorage
-from state_engine.errors import InvalidStateRows
+from state_engine.snapshot.storage import CheckpointStorage
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 from state_engine.state.meta import StateEntry
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from state_engine.checkpoint.canonical import read_key_groups
-from state_engine.checkpoint.delta import CLEAR, DELETE, PUT
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.checkpoint.state import SubtaskState
 from state_engine.runtime.coordinator import CheckpointCoordinator
+from state_engine.snapshot.canonical import read_key_groups
+from state_engine.snapshot.delta import CLEAR, DELETE, PUT
+from state_engine.snapshot.metadata import FileKind, read_metadata
 from tests.checkpoint.jobstate import OP, TAGS, apply, close, factory, make_job, observe, owner
 
 KEYS = [f"user-{i}" for i in range(300)]

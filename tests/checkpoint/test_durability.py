@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.canonical import CanonicalWriter
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import read_metadata
 from state_engine.checkpoint.spool import Spool
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
+from state_engine.snapshot.canonical import CanonicalWriter
+from state_engine.snapshot.metadata import read_metadata
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.state.meta import StateEntry
 from tests.checkpoint.jobstate import MAX_P, add_operator_state, apply, close, make_job
 

@@ -19,8 +19,8 @@ from state_engine.checkpoint.forked import (
     run_forked,
 )
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotCancelled, SnapshotFileExists
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from tests.checkpoint.jobstate import (
     OP,
     add_operator_state,

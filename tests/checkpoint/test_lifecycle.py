@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state_engine.checkpoint.delta import read_folded_table
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.checkpoint.state import RestoreMode
 from state_engine.errors import CatalogUnreachable, SnapshotCancelled
 from state_engine.keygroups import compute_key_group_range_for_operator_index
 from state_engine.serde import ArrowRecordSerializer
+from state_engine.snapshot.delta import read_folded_table
+from state_engine.snapshot.metadata import FileKind, read_metadata
 from state_engine.state import ValueStateDescriptor
 from state_engine.state.meta import StateEntry
 from tests.checkpoint.jobstate import (

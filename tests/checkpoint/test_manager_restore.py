@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import read_metadata
 from state_engine.checkpoint.state import RestoreMode
+from state_engine.snapshot.metadata import read_metadata
 from tests.checkpoint.jobstate import (
     OP,
     add_operator_state,

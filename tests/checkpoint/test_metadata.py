@@ -10,16 +10,6 @@ from typing import Any
 import fsspec
 import pytest
 
-from state_engine.checkpoint.canonical import CanonicalWriter, read_entries
-from state_engine.checkpoint.metadata import (
-    FORMAT_VERSION,
-    FileKind,
-    SnapshotMetadata,
-    read_metadata,
-    verify,
-    write_metadata,
-)
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import (
     ChecksumMismatch,
     CorruptMetadata,
@@ -29,6 +19,16 @@ from state_engine.errors import (
     SnapshotFileMismatch,
     UnsupportedMetadataVersion,
 )
+from state_engine.snapshot.canonical import CanonicalWriter, read_entries
+from state_engine.snapshot.metadata import (
+    FORMAT_VERSION,
+    FileKind,
+    SnapshotMetadata,
+    read_metadata,
+    verify,
+    write_metadata,
+)
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind
 
 WriteSnapshot = Callable[..., Any]
@@ -100,7 +100,7 @@ def test_metadata_refuses_to_commit_over_missing_files(
 
 
 def _meta_for(files, kind=SnapshotKind.CHECKPOINT) -> SnapshotMetadata:
-    from state_engine.checkpoint.metadata import OperatorSnapshot, SubtaskSnapshot
+    from state_engine.snapshot.metadata import OperatorSnapshot, SubtaskSnapshot
     from state_engine.snapshot_enums import SnapshotFormat
 
     return SnapshotMetadata(
@@ -232,7 +232,7 @@ def test_a_missing_file_fails_verification_and_reading(
 def test_savepoints_refuse_shared_files(storage: CheckpointStorage) -> None:
     chk = storage.checkpoint("job", 1)
     info = chk.write_file("../shared/x.parquet", b"x")
-    from state_engine.checkpoint.metadata import SnapshotFile
+    from state_engine.snapshot.metadata import SnapshotFile
 
     meta = _meta_for(
         [SnapshotFile(info.path, info.size, info.checksum, FileKind.KEYED, rows=0)],

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import FileKind, read_metadata
 from state_engine.errors import (
     ChecksumMismatch,
     CorruptMetadata,
@@ -21,6 +20,7 @@ from state_engine.errors import (
     SnapshotNotRestorable,
     UnknownStorageScheme,
 )
+from state_engine.snapshot.metadata import FileKind, read_metadata
 from tests.checkpoint.jobstate import apply, close, factory, make_job
 
 KEYS = [f"user-{i}" for i in range(300)]

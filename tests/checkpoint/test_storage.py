@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state_engine.checkpoint.storage import (
+from state_engine.errors import (
+    ConfigurationError,
+    InvalidJobName,
+    InvalidSnapshotPath,
+    SnapshotFileExists,
+    UnknownStorageScheme,
+)
+from state_engine.snapshot.storage import (
     CheckpointStorage,
     FileStore,
     ReadStats,
@@ -21,13 +28,6 @@ from state_engine.checkpoint.storage import (
     list_url,
     remove_empty_dirs,
     validate_job_name,
-)
-from state_engine.errors import (
-    ConfigurationError,
-    InvalidJobName,
-    InvalidSnapshotPath,
-    SnapshotFileExists,
-    UnknownStorageScheme,
 )
 
 

@@ -1,9 +1,9 @@
 """Nothing bypasses CheckpointStorage, and importing it stays light.
 
 (a) No module of ``state_engine/``, ``plugins/`` or ``dags/`` other than
-``state_engine/checkpoint/storage.py`` imports fsspec, reaches a file system's ``.fs`` or
+``state_engine/snapshot/storage.py`` imports fsspec, reaches a file system's ``.fs`` or
 ``_strip_protocol``, or uses a private (``_``-prefixed) name of the storage module.
-(b) A fresh interpreter importing ``state_engine.checkpoint.storage`` (every Spark executor does)
+(b) A fresh interpreter importing ``state_engine.snapshot.storage`` (every Spark executor does)
 loads no SQLAlchemy, no catalog and no state backend; neither does one running the function the
 deleting jobs ship to Spark executors.
 """
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from state_engine.checkpoint import storage as storage_module
+from state_engine.snapshot import storage as storage_module
 
 REPO = Path(__file__).resolve().parents[2]
-STORAGE_MODULE = "state_engine.checkpoint.storage"
-OWNER = REPO / "state_engine" / "checkpoint" / "storage.py"
+STORAGE_MODULE = "state_engine.snapshot.storage"
+OWNER = REPO / "state_engine" / "snapshot" / "storage.py"
 HEAVY = ("sqlalchemy", "state_engine.catalog", "state_engine.backends", "pyspark", "rocksdict")
 
 
@@ -51,7 +51,7 @@ def bypasses(source: str, where: str = "<source>") -> list[str]:
                 for alias in node.names:
                     if alias.name.startswith("_"):
                         flag(node, f"imports private {alias.name} from the storage module")
-            if module == "state_engine.checkpoint":
+            if module == "state_engine.snapshot":
                 for alias in node.names:
                     if alias.name == "storage":
                         storage_aliases.add(alias.asname or alias.name)
@@ -80,9 +80,9 @@ def test_the_checker_sees_each_kind_of_bypass() -> None:
             "import fsspec",
             "import fsspec.core as fc",
             "from fsspec import AbstractFileSystem",
-            "from state_engine.checkpoint.storage import _modified, FileStore",
-            "from state_engine.checkpoint import storage as st",
-            "import state_engine.checkpoint.storage as st2",
+            "from state_engine.snapshot.storage import _modified, FileStore",
+            "from state_engine.snapshot import storage as st",
+            "import state_engine.snapshot.storage as st2",
             "snap.fs.rm_file(p)",
             "x = fs._strip_protocol(u)",
             "st._protocol(fs)",
@@ -130,10 +130,11 @@ def _heavy(modules: list[str]) -> list[str]:
 
 
 def test_importing_storage_loads_no_catalog_backend_or_sqlalchemy() -> None:
-    modules = _fresh_modules("import state_engine.checkpoint.storage")
+    modules = _fresh_modules("import state_engine.snapshot.storage")
     assert STORAGE_MODULE in modules
     assert _heavy(modules) == []
-    assert not any(m.startswith("state_engine.checkpoint.") for m in modules if m != STORAGE_MODULE)
+    siblings = ("state_engine.checkpoint", "state_engine.snapshot.")
+    assert not any(m.startswith(siblings) for m in modules if m != STORAGE_MODULE)
 
 
 def test_the_checkpoint_package_imports_nothing_heavy_and_still_exports_its_names() -> None:

@@ -13,15 +13,15 @@ import pytest
 
 from state_engine.checkpoint import HeapBackendFactory
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.metadata import read_metadata, verify
 from state_engine.checkpoint.spool import Spool
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import SnapshotFileExists
 from state_engine.runtime import (
     CollectedOutput,
     JobRunner,
 )
 from state_engine.runtime.worker_pool import prestart
+from state_engine.snapshot.metadata import read_metadata, verify
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.snapshot_enums import SnapshotStatus
 from tests.checkpoint.jobstate import (
     add_operator_state,

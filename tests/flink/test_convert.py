@@ -13,8 +13,6 @@ import pytest
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint import CheckpointManager, HeapBackendFactory
-from state_engine.checkpoint.metadata import read_metadata, verify
-from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.cli import main
 from state_engine.errors import FlinkConversionError
 from state_engine.flink import convert
@@ -23,6 +21,8 @@ from state_engine.flink.pyflink import PyFlinkTypes
 from state_engine.hashing import java_string_hash, murmur_hash
 from state_engine.keygroups import compute_operator_index_for_key_group
 from state_engine.serde import serializer_from_snapshot
+from state_engine.snapshot.metadata import read_metadata, verify
+from state_engine.snapshot.storage import SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind
 from state_engine.state import ManualClock
 
@@ -177,7 +177,7 @@ def test_pyflink_keys_keep_flinks_row_hash_and_key_group(
         again = convert.run(cat, sid, pyflink_types=types, run_id=report["run_id"])
         assert again["recovered"] and again["output_snapshot_id"] == report["output_snapshot_id"]
         assert [r.status for r in cat.list_runs(job="py")] == ["SUCCEEDED"]
-    from state_engine.checkpoint.canonical import read_entries
+    from state_engine.snapshot.canonical import read_entries
 
     rows = list(
         read_entries(

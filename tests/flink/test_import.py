@@ -13,7 +13,6 @@ import pytest
 
 from state_engine import cli
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import FileStore
 from state_engine.errors import (
     FlinkDirectoryClaimed,
     FlinkImportError,
@@ -23,6 +22,7 @@ from state_engine.errors import (
 from state_engine.flink import import_job
 from state_engine.flink.import_job import file_groups, import_flink
 from state_engine.flink.metadata import read_metadata
+from state_engine.snapshot.storage import FileStore
 from state_engine.verify import verify
 
 from .conftest import FlinkFixtures

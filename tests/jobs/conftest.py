@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.snapshot.storage import CheckpointStorage
 from tests.jobs.jobdata import MadeSnapshot, make_snapshot
 
 

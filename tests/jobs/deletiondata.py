@@ -18,8 +18,8 @@ from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.checkpoint.state import SubtaskState
-from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
+from state_engine.snapshot.storage import CheckpointStorage
 from state_engine.state import MapStateDescriptor, ValueStateDescriptor
 
 JOB = "payments"

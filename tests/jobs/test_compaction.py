@@ -13,28 +13,6 @@ import pytest
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint import CheckpointManager, HeapBackendFactory
-from state_engine.checkpoint.canonical import (
-    KEYED_SCHEMA,
-    CanonicalWriter,
-    read_entries,
-    write_operator_state,
-)
-from state_engine.checkpoint.delta import (
-    CLEAR,
-    DELETE,
-    DELTA_SCHEMA,
-    PUT,
-    fold,
-    read_folded,
-)
-from state_engine.checkpoint.metadata import (
-    FileKind,
-    OperatorSnapshot,
-    SnapshotMetadata,
-    read_metadata,
-    verify,
-)
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import InvalidJobParams, MaintenanceJobFailed
 from state_engine.jobs import compaction
 from state_engine.jobs.canonical_write import RangeOutput, WriteRange
@@ -49,6 +27,28 @@ from state_engine.runtime import (
     RecordTimestampClock,
 )
 from state_engine.serde import StrSerializer
+from state_engine.snapshot.canonical import (
+    KEYED_SCHEMA,
+    CanonicalWriter,
+    read_entries,
+    write_operator_state,
+)
+from state_engine.snapshot.delta import (
+    CLEAR,
+    DELETE,
+    DELTA_SCHEMA,
+    PUT,
+    fold,
+    read_folded,
+)
+from state_engine.snapshot.metadata import (
+    FileKind,
+    OperatorSnapshot,
+    SnapshotMetadata,
+    read_metadata,
+    verify,
+)
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat
 from state_engine.state.meta import StateEntry
 from tests.jobs.jobdata import MAX_P, OP, job_rows

@@ -314,7 +314,7 @@ KILLED_WRITER = """
 import sys
 from pathlib import Path
 from state_engine.catalog import Catalog
-from state_engine.checkpoint.storage import CheckpointStorage
+from state_engine.snapshot.storage import CheckpointStorage
 from tests.jobs.deletiondata import checkpoints, make_subtasks, manager
 
 url, root, db = sys.argv[1:]

@@ -10,10 +10,10 @@ import pytest
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.manager import CheckpointManager
-from state_engine.checkpoint.storage import CheckpointStorage
 from state_engine.checkpoint.writer_lease import WriterLease
 from state_engine.errors import InvalidJobParams, ReusedFileMissing
 from state_engine.jobs import expire, orphan_cleanup
+from state_engine.snapshot.storage import CheckpointStorage
 from state_engine.snapshot_enums import SnapshotStatus
 from tests.jobs.deletiondata import (
     JOB,

@@ -12,11 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from state_engine.backends.operator_state import OperatorStateRow, redistribute
+from state_engine.backends.operator_state import redistribute
 from state_engine.catalog import Catalog
 from state_engine.checkpoint import HeapBackendFactory, RocksDBBackendFactory
-from state_engine.checkpoint.metadata import FileKind, read_metadata, verify
-from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import (
     InvalidParallelism,
     MaintenanceJobFailed,
@@ -31,6 +29,9 @@ from state_engine.runtime import (
     JobRunner,
     RecordTimestampClock,
 )
+from state_engine.snapshot.metadata import FileKind, read_metadata, verify
+from state_engine.snapshot.operator_rows import OperatorStateRow
+from state_engine.snapshot.storage import SnapshotDir
 from tests.jobs.jobdata import MAX_P, OP, make_snapshot
 from tests.runtime.sk_runtime_jobs import UserActivity, make_source, multiset, state_set, user_of
 
@@ -279,8 +280,8 @@ def test_a_metadata_only_rescale_waits_for_the_file_lease(
 
 
 def _keyed_rows(location: str) -> list[tuple]:
-    from state_engine.checkpoint.storage import ReadStats
     from state_engine.jobs.snapshot_read import range_batches
+    from state_engine.snapshot.storage import ReadStats
 
     snap = SnapshotDir.from_url(location, allow_shared=False)
     meta = read_metadata(snap)

@@ -16,9 +16,6 @@ from state_engine.checkpoint import (
     HeapBackendFactory,
     RocksDBBackendFactory,
 )
-from state_engine.checkpoint.canonical import read_entries
-from state_engine.checkpoint.metadata import FileKind, read_metadata, verify
-from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.errors import MaintenanceJobFailed, NoSuchSnapshot
 from state_engine.jobs import savepoint
 from state_engine.runtime import (
@@ -28,6 +25,9 @@ from state_engine.runtime import (
     JobRunner,
     RecordTimestampClock,
 )
+from state_engine.snapshot.canonical import read_entries
+from state_engine.snapshot.metadata import FileKind, read_metadata, verify
+from state_engine.snapshot.storage import CheckpointStorage, SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from state_engine.state import ManualClock
 from state_engine.state.meta import StateEntry
@@ -250,9 +250,9 @@ def test_a_third_attempt_keeps_the_savepoint_the_second_committed_in_the_same_di
 def test_a_retry_after_a_crash_past_metadata_reuses_the_fixed_savepoint_dir(
     spark: Any, catalog: Catalog, tmp_path: Path
 ) -> None:
-    from state_engine.checkpoint.metadata import write_metadata
     from state_engine.jobs.output import begin_output
     from state_engine.jobs.run import run_tag
+    from state_engine.snapshot.metadata import write_metadata
 
     storage = CheckpointStorage((tmp_path / "checkpoints").as_uri())
     made = make_snapshot(catalog, storage)

@@ -6,12 +6,12 @@ from collections import Counter
 
 import pytest
 
-from state_engine.checkpoint.canonical import read_entries, read_operator_state
-from state_engine.checkpoint.metadata import read_metadata, verify
-from state_engine.checkpoint.storage import SnapshotDir
 from state_engine.errors import MaintenanceJobFailed, SnapshotNotUsable
 from state_engine.jobs import ttl_cleanup
 from state_engine.jobs.output import OutputSnapshot
+from state_engine.snapshot.canonical import read_entries, read_operator_state
+from state_engine.snapshot.metadata import read_metadata, verify
+from state_engine.snapshot.storage import SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind
 from tests.jobs.jobdata import MAX_P, OP, T0, TTL_MS, make_snapshot
 

@@ -10,7 +10,7 @@ TASK_CODE = r"""
 import sys
 import numpy as np
 import pyarrow as pa
-from state_engine.checkpoint.canonical import KEYED_SCHEMA, arrow_array, bool_values, int_values
+from state_engine.snapshot.canonical import KEYED_SCHEMA, arrow_array, bool_values, int_values
 from state_engine.jobs import expiry, rescale, snapshot_read
 from state_engine.keygroups import key_groups_for_hashes
 

@@ -242,8 +242,8 @@ def test_the_full_stream_killed_at_p2_finishes_at_p4(tmp_path: Path, catalog: An
 def test_a_delta_job_on_the_default_heap_writes_deltas_after_its_first_base(
     tmp_path: Path, catalog: Any
 ) -> None:
-    from state_engine.checkpoint.metadata import FileKind, read_metadata
-    from state_engine.checkpoint.storage import CheckpointStorage
+    from state_engine.snapshot.metadata import FileKind, read_metadata
+    from state_engine.snapshot.storage import CheckpointStorage
 
     job = proof_job(2, None, CollectSink(CollectedOutput()), fmt="delta").with_(retained=10)
     with JobRunner(job, catalog=catalog, storage=str(tmp_path / "checkpoints")) as runner:

@@ -240,7 +240,7 @@ def _columns(rows, arrow: bool = False):
     array of the canonical schema's type (as a restore from Parquet gives them)."""
     import pyarrow as pa
 
-    from state_engine.checkpoint.canonical import KEYED_SCHEMA
+    from state_engine.snapshot.canonical import KEYED_SCHEMA
     from state_engine.state.meta import StateColumns
 
     types = [f.type for f in KEYED_SCHEMA if f.name != "state"]

@@ -1,18 +1,19 @@
-"""The heap keyed state backend: its state classes, its view, its factory and its delta snapshots.
+"""The heap keyed state backend: its state classes, its view, its restore, its factory and its
+delta snapshots.
 
-``snapshot`` (the delta strategy, which needs pyarrow) loads on the first delta snapshot.
+``snapshot`` (the delta strategy) loads on the first delta snapshot.
 """
 
-from state_engine.backends.heap.backend import (
+from state_engine.backends.heap.backend import HeapKeyedStateBackend
+from state_engine.backends.heap.factory import HeapBackendFactory
+from state_engine.backends.heap.states import (
     HeapAggregatingState,
-    HeapKeyedStateBackend,
     HeapListState,
     HeapMapState,
     HeapReducingState,
-    HeapStateView,
     HeapValueState,
 )
-from state_engine.backends.heap.factory import HeapBackendFactory
+from state_engine.backends.heap.view import HeapStateView
 
 __all__ = [
     "HeapAggregatingState",

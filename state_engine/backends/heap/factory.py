@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from state_engine.backends.heap.backend import HeapKeyedStateBackend
 from state_engine.keygroups import KeyGroupRange
 from state_engine.state.ttl import Clock
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from state_engine.snapshot.native import BackendSpec, NativeSource
 
 
 class HeapBackendFactory:
@@ -33,3 +38,12 @@ class HeapBackendFactory:
             clock,
             track_changes=self.track_changes,
         )
+
+    def restore_native(
+        self, spec: BackendSpec, sources: Sequence[NativeSource]
+    ) -> HeapKeyedStateBackend:
+        """A heap backend holding the rows of its key groups from a native (RocksDB) snapshot's
+        DBs, each opened aside and read as canonical rows (the bridge)."""
+        from state_engine.backends.rocksdb.restore import insert_rows
+
+        return insert_rows(self.create(*spec), sources, spec.key_serializer)

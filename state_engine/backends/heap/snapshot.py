@@ -6,7 +6,7 @@ later checkpoints reference them. A checkpoint writes either a new base (no chai
 holds ``full_every`` deltas, or the checkpoint is not incremental) from a full view, or one delta
 from an incremental view: the map entries changed on their own, the values written, every other
 changed (state, key, namespace) as a CLEAR followed by PUTs of its complete current rows (see
-:mod:`state_engine.checkpoint.delta` and ``HeapStateView.delta_columns``).
+:mod:`state_engine.snapshot.delta` and ``HeapStateView.delta_columns``).
 
 Checkpoints may overlap (``max_concurrent_checkpoints``): each delta builds on the last
 *confirmed* chain and holds every change not confirmed yet, so it does not depend on a checkpoint
@@ -30,36 +30,56 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from state_engine.checkpoint.canonical import (
+from state_engine.errors import CheckpointError
+from state_engine.faults import crash_point
+from state_engine.snapshot.canonical import (
     DEFAULT_BATCH_ROWS,
     KeyGroupStats,
     WrittenFiles,
     arrow_array,
 )
-from state_engine.checkpoint.delta import DELTA_SCHEMA, DeltaWriter
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile
-from state_engine.checkpoint.strategies import (
-    SHARED_PREFIX,
+from state_engine.snapshot.delta import DELTA_SCHEMA, DeltaWriter
+from state_engine.snapshot.metadata import FileKind, SnapshotFile
+from state_engine.snapshot.storage import SHARED_PREFIX
+from state_engine.snapshot.strategy import (
     Capture,
+    SnapshotSource,
     SubtaskResult,
     WriteContext,
 )
-from state_engine.errors import CheckpointError
-from state_engine.faults import crash_point
 from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
-    from state_engine.backends.heap.backend import HeapKeyedStateBackend, HeapStateView
+    from state_engine.backends.heap.view import HeapStateView
+    from state_engine.state.meta import StateMetaInfo
 
 
 #: restored rows above this size are not kept for the first checkpoint's base (the heap holds
 #: the state already; a second copy in Arrow must stay small next to it)
 RESTORED_BASE_MAX_BYTES = 256 << 20
+
+
+class ChangeTrackingBackend(SnapshotSource, Protocol):
+    """What the delta strategy uses of its heap backend (one with ``track_changes``)."""
+
+    @property
+    def confirmed_view_id(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def snapshot_view(self, incremental: bool = False, since: int = 0) -> HeapStateView: ...
+
+    def registered_states(self) -> Mapping[str, StateMetaInfo]: ...
+
+    def confirm_view(self, view_id: int) -> None: ...
+
+    def forget_changes(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +105,7 @@ class DeltaCapture(Capture[WrittenFiles]):
         self,
         operator_uid: str,
         subtask_index: int,
-        backend: HeapKeyedStateBackend,
+        backend: ChangeTrackingBackend,
         view: HeapStateView,
         chain: Chain | None,
         strategy: DeltaSnapshotStrategy,
@@ -259,7 +279,7 @@ class DeltaSnapshotStrategy:
 
     format = SnapshotFormat.DELTA
 
-    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+    def __init__(self, backend: ChangeTrackingBackend) -> None:
         self.backend = backend
         self.chain: Chain | None = None
         #: the view of the newest capture that writes a new base (0: none yet)

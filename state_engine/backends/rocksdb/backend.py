@@ -43,7 +43,8 @@ import rocksdict as rd
 from state_engine.backends.base import (
     KeyedStateBackend,
     KeyedStateView,
-    SnapshotStrategy,
+    RestorePlan,
+    list_elements,
     null_element,
 )
 from state_engine.backends.rocksdb.layout import (
@@ -82,6 +83,7 @@ from state_engine.state.namespace import VOID_NAMESPACE
 from state_engine.state.ttl import INT64_MAX, Clock, expiry
 
 if TYPE_CHECKING:
+    from state_engine.snapshot.strategy import SnapshotStrategy
     from state_engine.snapshot_enums import SnapshotFormat
 
 _Q = EXPIRES_AT
@@ -423,14 +425,7 @@ class RocksListState(_RocksState, ListState):
             self._del(k)
 
     def _encode_all(self, values: Iterable[Any]) -> bytes:
-        if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-            raise StateError(
-                f"list state {self.name!r} takes an iterable of elements, got "
-                f"{type(values).__name__}: wrap a single element in a list or use add()"
-            )
-        vals = list(values)
-        if any(v is None for v in vals):
-            raise null_element(self.name)
+        vals = list_elements(self.name, values)
         try:
             elements = [self._vser(v) for v in vals]
         except SerializationError as e:
@@ -876,12 +871,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 cf.delete(k)
         return dropped
 
-    def restore_entries(
-        self,
-        entries: Iterable[StateEntry],
-        state_meta: Mapping[str, StateMetaInfo | Mapping[str, Any]],
-    ) -> None:
-        plan = self._prepare_restore(state_meta)
+    def _restore_entries(self, plan: RestorePlan, entries: Iterable[StateEntry]) -> None:
         # rows go straight to the DB (list rows are read there): earlier writes must be in it
         self._flush()
         coders: dict[str, tuple[Any, bool, bool, Any]] = {}

@@ -12,7 +12,9 @@ from state_engine.keygroups import KeyGroupRange
 from state_engine.state.ttl import Clock
 
 if TYPE_CHECKING:
-    from state_engine.backends.rocksdb.restore import NativeSource
+    from collections.abc import Sequence
+
+    from state_engine.snapshot.native import BackendSpec, NativeSource
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 
@@ -20,7 +22,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 class RocksDBBackendFactory:
     """RocksDB backends, each in a fresh directory under ``base_dir``.
 
-    :meth:`restore_native` opens a backend over a native snapshot's DB files, downloaded in place.
+    :meth:`restore_native` opens a backend over a native snapshot's DB files, downloaded in place
+    (the restore dispatches native snapshots to the factory it restores with).
     """
 
     kind = "rocksdb"
@@ -50,24 +53,15 @@ class RocksDBBackendFactory:
         )
 
     def restore_native(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None,
-        source: NativeSource,
+        self, spec: BackendSpec, sources: Sequence[NativeSource]
     ) -> RocksDBKeyedStateBackend:
-        """A backend over ``source``'s DB holding only ``key_group_range`` (Flink's restore of
-        an incremental RocksDB handle: open the DB, cut the foreign key groups out)."""
-        from state_engine.backends.rocksdb.restore import open_in_place
+        """A backend over the DB of the source that overlaps the spec's key groups most, holding
+        only those (Flink's restore of an incremental RocksDB handle: open the DB, cut the
+        foreign key groups out), with the other sources' rows of them inserted."""
+        from state_engine.backends.rocksdb.restore import insert_rows, open_in_place
 
-        return open_in_place(
-            lambda: self.new_path(operator_uid, subtask_index),
-            key_serializer,
-            max_parallelism,
-            key_group_range,
-            clock,
-            source,
-        )
+        wanted = spec.key_group_range
+        base = max(sources, key=lambda s: len(s.key_group_range.intersection(wanted)))
+        path = self.new_path(spec.operator_uid, spec.subtask_index)
+        backend = open_in_place(path, spec, base)
+        return insert_rows(backend, [s for s in sources if s is not base], spec.key_serializer)

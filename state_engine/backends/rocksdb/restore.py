@@ -5,8 +5,9 @@ With a RocksDB factory the restore opens the DB of the old subtask that overlaps
 most and cuts the foreign key groups out with ``delete_range``, as Flink does
 (:meth:`RocksDBBackendFactory.restore_native`); every other overlapping DB is opened aside in a
 scratch directory (:func:`opened_aside`) and its rows of the range inserted into the new backend
-(:func:`insert_rows`), which also works for a heap backend (the bridge); Spark tasks read native
-snapshots through :func:`opened_aside` too.
+(:func:`insert_rows`), which also works for a heap backend (the bridge:
+:meth:`HeapBackendFactory.restore_native`); Spark tasks read native snapshots through
+:func:`opened_aside` too.
 """
 
 from __future__ import annotations
@@ -15,110 +16,58 @@ import contextlib
 import shutil
 import tempfile
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TypeVar
 
 from state_engine.backends.base import KeyedStateBackend, KeyedStateView
 from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from state_engine.backends.rocksdb.snapshot import local_name_of
-from state_engine.checkpoint.metadata import FileKind, SnapshotMetadata, SubtaskSnapshot
-from state_engine.checkpoint.registry import SharedStateRegistry
-from state_engine.checkpoint.storage import (
-    METADATA_FILE,
-    ReadStats,
-    SnapshotDir,
-    format_checksum,
-)
-from state_engine.checkpoint.strategies import SHARED_PREFIX
-from state_engine.errors import ChecksumMismatch
 from state_engine.keygroups import KeyGroupRange
 from state_engine.serde import TypeSerializer
-from state_engine.state.ttl import Clock
+from state_engine.snapshot.metadata import FileKind, checksum_mismatch
+from state_engine.snapshot.native import BackendSpec, NativeSource
+from state_engine.snapshot.storage import SHARED_PREFIX, format_checksum
 
-NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
 _CHUNK = 1 << 20
+#: the backend insert_rows fills and returns
+B = TypeVar("B", bound=KeyedStateBackend)
 
 
-@dataclass
-class NativeSource:
-    """The native files of one old subtask in a snapshot, and where reading them is counted."""
-
-    snapshot: SnapshotDir
-    metadata: SnapshotMetadata
-    subtask: SubtaskSnapshot
-    stats: ReadStats
-    #: learns the checksums of the shared SSTs downloaded, so the next incremental checkpoint
-    #: of the restored DB references them instead of reading them again (None: no checkpoints
-    #: follow, e.g. a Spark task reading the rows)
-    registry: SharedStateRegistry | None = None
-
-    def download(self, db: Path) -> None:
-        """Copy the subtask's files into the empty directory ``db``, checking every checksum."""
-        snap, meta = self.snapshot, self.metadata
-        for p in self.subtask.files:
-            f = meta.file(p)
-            name = local_name_of(p)
-            # Every byte passes through here anyway: checking it costs one crc32 per chunk, and a
-            # flipped byte in an SST would otherwise be restored silently (RocksDB checks block
-            # checksums only when it happens to read the block).
-            crc = 0
-            with snap.open_input(p, self.stats) as src, open(db / name, "xb") as out:
-                while chunk := src.read(_CHUNK):
-                    crc = zlib.crc32(chunk, crc)
-                    out.write(chunk)
-            actual = format_checksum(crc)
-            if actual != f.checksum:
-                raise ChecksumMismatch(
-                    f"file {p!r} of snapshot {snap.url} has checksum {actual}, but "
-                    f"{METADATA_FILE} recorded {f.checksum}; its content is corrupt: restore "
-                    "from another snapshot"
-                )
-            if (
-                self.registry is not None
-                and f.kind is FileKind.NATIVE_SST
-                and p.startswith(SHARED_PREFIX)
-            ):
-                self.registry.remember_checksum(str(db), name, f.size, f.checksum)
-
-    @property
-    def key_group_range(self) -> KeyGroupRange:
-        return KeyGroupRange.of(*self.subtask.key_group_range)
+def download(source: NativeSource, db: Path) -> None:
+    """Copy the subtask's files into the empty directory ``db``, checking every checksum."""
+    snap, meta = source.snapshot, source.metadata
+    for p in source.subtask.files:
+        f = meta.file(p)
+        name = local_name_of(p)
+        # Every byte passes through here anyway: checking it costs one crc32 per chunk, and a
+        # flipped byte in an SST would otherwise be restored silently (RocksDB checks block
+        # checksums only when it happens to read the block).
+        crc = 0
+        with snap.open_input(p, source.stats) as src, open(db / name, "xb") as out:
+            while chunk := src.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+                out.write(chunk)
+        actual = format_checksum(crc)
+        if actual != f.checksum:
+            raise checksum_mismatch(snap, f, actual)
+        if (
+            source.registry is not None
+            and f.kind is FileKind.NATIVE_SST
+            and p.startswith(SHARED_PREFIX)
+        ):
+            source.registry.remember_checksum(str(db), name, f.size, f.checksum)
 
 
-@runtime_checkable
-class NativeRestoreFactory(Protocol):
-    """A backend factory that opens a native snapshot's DB in place (the RocksDB factory)."""
-
-    def restore_native(
-        self,
-        operator_uid: str,
-        subtask_index: int,
-        key_serializer: Any,
-        max_parallelism: int,
-        key_group_range: KeyGroupRange,
-        clock: Clock | None,
-        source: NativeSource,
-    ) -> KeyedStateBackend: ...
-
-
-def open_in_place(
-    new_path: Callable[[], Path],
-    key_serializer: Any,
-    max_parallelism: int,
-    key_group_range: KeyGroupRange,
-    clock: Clock | None,
-    source: NativeSource,
-) -> RocksDBKeyedStateBackend:
-    """A backend over ``source``'s DB, downloaded into a fresh directory, holding only the key
-    groups of ``key_group_range`` (the others are cut out with ``delete_range``)."""
-    path = new_path()
+def open_in_place(path: Path, spec: BackendSpec, source: NativeSource) -> RocksDBKeyedStateBackend:
+    """The backend ``spec`` over ``source``'s DB, downloaded into the fresh directory ``path``,
+    holding only the spec's key groups (the others are cut out with ``delete_range``)."""
     db = path / "db"
     db.mkdir()
-    source.download(db)
+    download(source, db)
+    key_group_range = spec.key_group_range
     backend = RocksDBKeyedStateBackend(
-        path, key_serializer, max_parallelism, key_group_range, clock
+        path, spec.key_serializer, spec.max_parallelism, key_group_range, spec.clock
     )
     try:
         first, last = source.subtask.key_group_range
@@ -141,7 +90,7 @@ def opened_aside(
     scratch = Path(tempfile.mkdtemp(prefix="sk-restore-", dir=scratch_root))
     try:
         (scratch / "db").mkdir()
-        source.download(scratch / "db")
+        download(source, scratch / "db")
         aside = RocksDBKeyedStateBackend(
             scratch, key_serializer, source.metadata.max_parallelism, source.key_group_range
         )
@@ -154,12 +103,15 @@ def opened_aside(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def insert_rows(
-    source: NativeSource,
-    key_groups: KeyGroupRange,
-    target: KeyedStateBackend,
-    key_serializer: TypeSerializer,
-) -> None:
-    """Insert ``source``'s rows of ``key_groups`` into ``target`` (any backend)."""
-    with opened_aside(source, key_serializer) as view:
-        target.restore_entries(view.iter_entries(key_groups), dict(view.states))
+def insert_rows(target: B, sources: Sequence[NativeSource], key_serializer: TypeSerializer) -> B:
+    """``target`` with the rows of its key groups inserted from each of ``sources``' DBs, opened
+    aside (any backend: a heap one reads RocksDB's files this way); closed if one fails."""
+    try:
+        for source in sources:
+            with opened_aside(source, key_serializer) as view:
+                rows = view.iter_entries(target.key_group_range)
+                target.restore_entries(rows, dict(view.states))
+    except BaseException:
+        target.close()
+        raise
+    return target

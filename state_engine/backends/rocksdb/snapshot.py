@@ -14,26 +14,39 @@ import os
 import shutil
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from state_engine.backends.rocksdb.layout import META_PREFIX, OLD_LIST_SEQ_KEY
-from state_engine.checkpoint.canonical import KeyGroupStats
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile
-from state_engine.checkpoint.storage import SnapshotFileWriter, format_checksum
-from state_engine.checkpoint.strategies import SHARED_PREFIX, Capture, SubtaskResult, WriteContext
 from state_engine.errors import SnapshotFileExists
 from state_engine.faults import crash_point
 from state_engine.keygroups import key_group_prefix_length
+from state_engine.snapshot.canonical import KeyGroupStats
+from state_engine.snapshot.metadata import FileKind, SnapshotFile
+from state_engine.snapshot.storage import SHARED_PREFIX, SnapshotFileWriter, format_checksum
+from state_engine.snapshot.strategy import Capture, SnapshotSource, SubtaskResult, WriteContext
 from state_engine.snapshot_enums import SnapshotFormat
 
 if TYPE_CHECKING:
-    from state_engine.backends.rocksdb.backend import RocksDBKeyedStateBackend
+    from state_engine.state.meta import StateMetaInfo
 
 _CHUNK = 1 << 20
 # keys of the default column family (state meta, old list counters), which holds no rows
 _META_KEYS = (META_PREFIX, OLD_LIST_SEQ_KEY)
+
+
+class NativeBackend(SnapshotSource, Protocol):
+    """What a native snapshot uses of its RocksDB backend."""
+
+    path: Path
+    db_path: Path
+
+    def create_checkpoint(self, path: str | Path) -> None: ...
+
+    def live_sst_files(self) -> list[dict[str, Any]]: ...
+
+    def registered_states(self) -> Mapping[str, StateMetaInfo]: ...
 
 
 def file_checksum(path: Path) -> str:
@@ -105,7 +118,7 @@ class NativeCapture(Capture[SubtaskResult]):
         self,
         operator_uid: str,
         subtask_index: int,
-        backend: RocksDBKeyedStateBackend,
+        backend: NativeBackend,
         local: Path,
     ) -> None:
         super().__init__(operator_uid, subtask_index, backend)
@@ -195,7 +208,7 @@ class NativeSnapshotStrategy:
 
     format = SnapshotFormat.NATIVE
 
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+    def __init__(self, backend: NativeBackend) -> None:
         self.backend = backend
 
     def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> NativeCapture:

@@ -19,14 +19,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from state_engine.checkpoint.storage import (
-    CHECKSUM_ALGORITHM,
-    METADATA_FILE,
-    CheckpointStorage,
-    FileSystem,
-    SnapshotDir,
-    normalize_relative,
-)
 from state_engine.errors import (
     ChecksumMismatch,
     CorruptMetadata,
@@ -34,6 +26,14 @@ from state_engine.errors import (
     InvalidSnapshotRequest,
     SnapshotFileMismatch,
     UnsupportedMetadataVersion,
+)
+from state_engine.snapshot.storage import (
+    CHECKSUM_ALGORITHM,
+    METADATA_FILE,
+    CheckpointStorage,
+    FileSystem,
+    SnapshotDir,
+    normalize_relative,
 )
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
@@ -46,6 +46,17 @@ class FileKind(StrEnum):
     NATIVE_SST = "native-sst"
     NATIVE_PRIVATE = "native-private"
     DELTA = "delta"
+
+
+#: the files of a backend's native format (RocksDB's SSTs and private files)
+NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
+#: where an operator state's meta sits in ``OperatorSnapshot.states`` (keyed states: their name)
+OPERATOR_STATE_PREFIX = "@operator/"
+
+
+def operator_state_key(name: str) -> str:
+    """The key of operator state ``name`` in ``OperatorSnapshot.states``."""
+    return OPERATOR_STATE_PREFIX + name
 
 
 @dataclass(frozen=True)
@@ -518,8 +529,13 @@ def verify(snapshot: SnapshotDir, meta: SnapshotMetadata, *, deep: bool = False)
         if deep:
             actual = snapshot.checksum_of(f.path)
             if actual != f.checksum:
-                raise ChecksumMismatch(
-                    f"file {f.path!r} of snapshot {snapshot.url} has checksum {actual}, but "
-                    f"{METADATA_FILE} recorded {f.checksum}; its content is corrupt: restore "
-                    "from another snapshot"
-                )
+                raise checksum_mismatch(snapshot, f, actual)
+
+
+def checksum_mismatch(snapshot: SnapshotDir, file: SnapshotFile, actual: str) -> ChecksumMismatch:
+    """The error for a snapshot file whose content has checksum ``actual``, not the recorded one."""
+    return ChecksumMismatch(
+        f"file {file.path!r} of snapshot {snapshot.url} has checksum {actual}, but "
+        f"{METADATA_FILE} recorded {file.checksum}; its content is corrupt: restore from "
+        "another snapshot"
+    )

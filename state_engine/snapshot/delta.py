@@ -27,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state_engine.checkpoint.canonical import (
+from state_engine.errors import CorruptMetadata, InvalidStateRows
+from state_engine.snapshot.canonical import (
     KEYED_SCHEMA,
     CanonicalWriter,
     arrow_array,
@@ -38,9 +39,8 @@ from state_engine.checkpoint.canonical import (
     is_valid,
     read_key_groups,
 )
-from state_engine.checkpoint.metadata import FileKind, SnapshotFile, SnapshotMetadata
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir
-from state_engine.errors import CorruptMetadata, InvalidStateRows
+from state_engine.snapshot.metadata import FileKind, SnapshotFile, SnapshotMetadata
+from state_engine.snapshot.storage import ReadStats, SnapshotDir
 from state_engine.state.meta import StateEntry
 
 PUT = 0

@@ -47,6 +47,8 @@ from state_engine.errors import (
 
 METADATA_FILE = "_metadata"
 SHARED_DIR = "shared"
+#: where a checkpoint's shared files sit, relative to its directory
+SHARED_PREFIX = f"../{SHARED_DIR}/"
 SAVEPOINTS_DIR = "savepoints"
 CHECKSUM_ALGORITHM = "crc32"
 MAX_JOB_NAME_LENGTH = 200
@@ -163,7 +165,7 @@ def normalize_relative(path: str, *, allow_shared: bool, where: str) -> str:
     parts = path.split("/")
     if allow_shared and len(parts) >= 3 and parts[0] == ".." and parts[1] == SHARED_DIR:
         rest = parts[2:]
-        prefix = f"../{SHARED_DIR}/"
+        prefix = SHARED_PREFIX
     elif allow_shared and len(parts) >= 3 and parts[0] == ".." and _is_checkpoint_dir(parts[1]):
         # a file of an earlier checkpoint of the job, reused by a rescale that rewrote nothing
         rest = parts[2:]

@@ -28,14 +28,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from state_engine.backends.operator_state import OperatorStateRow
-from state_engine.checkpoint.metadata import (
-    FileKind,
-    KeyGroupRun,
-    SnapshotFile,
-    SnapshotMetadata,
-)
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir, SnapshotFileWriter
 from state_engine.errors import (
     ChecksumMismatch,
     CorruptMetadata,
@@ -43,9 +35,17 @@ from state_engine.errors import (
     SnapshotFileMismatch,
     StatekeeperError,
 )
+from state_engine.snapshot.metadata import (
+    FileKind,
+    KeyGroupRun,
+    SnapshotFile,
+    SnapshotMetadata,
+)
+from state_engine.snapshot.operator_rows import OperatorStateRow
+from state_engine.snapshot.storage import ReadStats, SnapshotDir, SnapshotFileWriter
 from state_engine.state.meta import StateColumns, StateEntry
 
-# The operator-state row of canonical snapshots is the operator-state backend's own row.
+# The name the checkpoint package has always exported for the operator-state row.
 OperatorStateEntry = OperatorStateRow
 
 

@@ -1,46 +1,73 @@
-"""What every snapshot strategy writes with, and the canonical strategy every backend has.
+"""How a keyed backend's state becomes snapshot files: the strategy protocol, what its two
+phases write with, and the canonical strategy every backend has.
 
-A strategy (the :class:`~state_engine.backends.base.SnapshotStrategy` protocol, as Flink's
-``SnapshotStrategy``) has two phases: ``capture`` runs on the task thread at the barrier and only
-fixes a consistent view; :meth:`Capture.write_files` writes the files while processing continues
-(on the checkpoint thread, or for heap views on local storage in a child forked at the barrier,
-see :mod:`forked`); :meth:`Capture.result` then describes them for ``_metadata`` and the catalog.
-
-Here: the backend-independent parts (:class:`WriteContext`, :class:`SubtaskResult`, the
-:class:`Capture` base) and :class:`CanonicalSnapshotStrategy`, a full canonical Parquet of any
-backend's view. A backend's own formats live in its package: the heap delta strategy in
-``backends/heap/snapshot.py``, RocksDB's native incremental one in ``backends/rocksdb/snapshot.py``;
-``KeyedStateBackend.snapshot_strategy`` names the one a format asks for.
+A strategy (Flink's ``SnapshotStrategy``) has two phases: ``capture`` runs on the task thread at the
+barrier and only fixes a consistent view; :meth:`Capture.write_files` writes the files while
+processing continues (on the checkpoint thread, or for heap views on local storage in a child
+forked at the barrier, see ``checkpoint/forked.py``); :meth:`Capture.result` then describes them
+for ``_metadata`` and the catalog. A backend's own formats live in its package (the heap delta
+strategy, RocksDB's native one); ``snapshot_strategy(format)`` of a backend names the one a format
+asks for. This layer knows backends only through the protocols below.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from state_engine.checkpoint.canonical import (
+from state_engine.errors import SnapshotCancelled
+from state_engine.keygroups import KeyGroupRange
+from state_engine.serde import TypeSerializer
+from state_engine.snapshot.canonical import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_ROW_GROUP_BYTES,
     CanonicalWriter,
     KeyGroupStats,
     WrittenFiles,
 )
-from state_engine.checkpoint.metadata import SnapshotFile
-from state_engine.checkpoint.registry import SharedStateRegistry
-from state_engine.checkpoint.storage import SHARED_DIR, SnapshotDir
-from state_engine.errors import SnapshotCancelled
+from state_engine.snapshot.metadata import SnapshotFile
+from state_engine.snapshot.registry import SharedStateRegistry
+from state_engine.snapshot.storage import SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat
+from state_engine.state.meta import StateMetaInfo
 
 if TYPE_CHECKING:
-    from state_engine.backends.base import KeyedStateBackend, KeyedStateView
+    import pyarrow as pa
 
-#: where a snapshot's shared files sit, relative to its directory
-SHARED_PREFIX = f"../{SHARED_DIR}/"
 #: what a capture's ``write_files`` returns and its ``result`` reads
 W = TypeVar("W")
+
+
+class SnapshotSource(Protocol):
+    """What a capture reads of the keyed backend it snapshots (every keyed backend has it)."""
+
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    key_serializer: TypeSerializer
+
+
+class StateView(Protocol):
+    """A point-in-time view of a backend's keyed state, as a canonical snapshot reads it
+    (``KeyedStateView`` of the backends)."""
+
+    #: Plain Python objects only: a forked child may read the view.
+    fork_safe: bool
+
+    @property
+    def states(self) -> Mapping[str, StateMetaInfo]: ...
+
+    def entry_columns(self, batch_rows: int) -> Iterator[dict[str, list[Any]]]: ...
+
+    def release(self) -> None: ...
+
+
+class ViewSource(SnapshotSource, Protocol):
+    """A backend that fixes a :class:`StateView` of its state (every keyed backend can)."""
+
+    def snapshot_view(self) -> StateView: ...
 
 
 @dataclass
@@ -89,7 +116,7 @@ class SubtaskResult:
 class Capture(ABC, Generic[W]):
     """The synchronous part of one backend's snapshot: a fixed view, released after writing."""
 
-    def __init__(self, operator_uid: str, subtask_index: int, backend: KeyedStateBackend) -> None:
+    def __init__(self, operator_uid: str, subtask_index: int, backend: SnapshotSource) -> None:
         self.operator_uid = operator_uid
         self.subtask_index = subtask_index
         self.backend = backend
@@ -148,13 +175,47 @@ class Capture(ABC, Generic[W]):
         )
 
 
+class SnapshotStrategy(Protocol):
+    """How one backend's keyed state becomes snapshot files; each strategy object belongs to one
+    backend.
+
+    :meth:`capture` runs on the task thread at the barrier and only fixes a consistent view; the
+    returned capture's ``write_files`` then writes the files asynchronously (checkpoint thread or
+    a forked child) and its ``result`` describes them for ``_metadata`` and the catalog, with an
+    optional ``on_complete`` the manager calls on the task thread once the snapshot completed.
+    """
+
+    @property
+    def format(self) -> SnapshotFormat:
+        """The format its files are recorded as in ``_metadata``."""
+
+    def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> Capture[Any]:
+        """Fix the view of the strategy's backend (task thread, short)."""
+
+
+@runtime_checkable
+class ClaimingStrategy(SnapshotStrategy, Protocol):
+    """A :class:`SnapshotStrategy` whose next checkpoint can build on a restored one.
+
+    After a restore in CLAIM mode (the job owns the restored checkpoint, as after a failover in
+    Flink), a subtask whose key-group range did not change holds exactly the state one old subtask
+    wrote. An incremental strategy then continues from that subtask's files instead of writing
+    the whole state again at the first checkpoint.
+    """
+
+    def claim(self, files: Sequence[SnapshotFile], rows: pa.Table | None = None) -> bool:
+        """Continue from ``files`` (the old subtask's, as in ``_metadata``); False: they are not
+        this strategy's format, and the next checkpoint starts over. ``rows``: the canonical
+        rows the restore read from them, when it built them as one table (a folded chain)."""
+
+
 class CanonicalCapture(Capture[WrittenFiles]):
     def __init__(
         self,
         operator_uid: str,
         subtask_index: int,
-        backend: KeyedStateBackend,
-        view: KeyedStateView,
+        backend: SnapshotSource,
+        view: StateView,
         directory: str = "",
     ) -> None:
         super().__init__(operator_uid, subtask_index, backend)
@@ -193,7 +254,7 @@ class CanonicalSnapshotStrategy:
 
     format = SnapshotFormat.CANONICAL
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: ViewSource) -> None:
         self.backend = backend
 
     def capture(self, operator_uid: str, subtask_index: int, ctx: WriteContext) -> CanonicalCapture:

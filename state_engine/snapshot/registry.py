@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from state_engine.checkpoint.metadata import SnapshotFile
+from state_engine.snapshot.metadata import SnapshotFile
 
 
 class SharedStateRegistry:

@@ -69,7 +69,8 @@ from state_engine.checkpoint.metadata import (
     SnapshotMetadata,
     SubtaskSnapshot,
 )
-from state_engine.checkpoint.storage import ReadStats, SnapshotDir
+from state_engine.checkpoint.storage import SHARED_DIR, ReadStats, SnapshotDir
+from state_engine.checkpoint_dirs import is_checkpoint_dir
 from state_engine.errors import InvalidJobParams, InvalidParallelism, SnapshotNotUsable
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import (
@@ -181,7 +182,7 @@ def reuse_path(src: SnapshotDir, out: SnapshotDir, f: SnapshotFile) -> str:
     if (
         posixpath.dirname(src.path) != parent
         or rel.startswith("..")
-        or not (top == "shared" or (top.startswith("chk-") and top[4:].isdigit()))
+        or not (top == SHARED_DIR or is_checkpoint_dir(top))
     ):
         raise SnapshotNotUsable(
             f"file {f.path!r} of {src.url} is not in the job's checkpoint directories, so a new "

@@ -49,6 +49,15 @@ from state_engine.flink.metadata.records import (
 from state_engine.keygroups import KeyGroupRange
 from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
 
+__all__ = [
+    "HEADER_MAGIC_NUMBER",
+    "MASTER_STATE_MAGIC",
+    "SUPPORTED_VERSIONS",
+    "metadata_from_bytes",
+    "parse_metadata",
+    "read_metadata",
+]
+
 HEADER_MAGIC_NUMBER = 0x4960672D
 MASTER_STATE_MAGIC = 0xC96B1696
 SUPPORTED_VERSIONS = (3, 4, 5, 6)

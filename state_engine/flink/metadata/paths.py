@@ -34,6 +34,13 @@ from state_engine.flink.metadata.records import (
     StreamHandle,
 )
 
+__all__ = [
+    "PathResolver",
+    "local_url",
+    "metadata_file",
+    "normalize_location",
+]
+
 
 def local_url(uri: str) -> str:
     """A Flink URI as storage addresses it (``file:/x`` -> ``/x``; other schemes unchanged)."""

@@ -21,6 +21,32 @@ from state_engine.flink.layout import (
 )
 from state_engine.keygroups import KeyGroupRange
 
+__all__ = [
+    "CHANGELOG",
+    "CHANGELOG_BYTES",
+    "CHANGELOG_FILE",
+    "EMPTY_SEGMENT",
+    "FILE",
+    "INCREMENTAL",
+    "INLINE",
+    "KEY_GROUPS",
+    "RELATIVE",
+    "SAVEPOINT_KEY_GROUPS",
+    "SEGMENT",
+    "ChannelStateHandle",
+    "FileReference",
+    "FlinkSnapshotMetadata",
+    "HandleRun",
+    "KeyedStateHandle",
+    "LocalFile",
+    "LocalFiles",
+    "OperatorState",
+    "OperatorStateEntry",
+    "OperatorStateHandle",
+    "StreamHandle",
+    "SubtaskState",
+]
+
 # Stream handle types (StreamHandle.type).
 INLINE = "inline"  # ByteStreamStateHandle: bytes inside _metadata, no file
 FILE = "file"  # FileStateHandle: absolute URI

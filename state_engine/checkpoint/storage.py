@@ -31,7 +31,7 @@ import fsspec.core
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from state_engine.checkpoint_dirs import is_checkpoint_dir
+from state_engine.checkpoint_dirs import checkpoint_dir_name, is_checkpoint_dir
 from state_engine.errors import (
     CheckpointError,
     InvalidJobName,
@@ -1026,7 +1026,7 @@ class CheckpointStorage:
         return f"{validate_job_name(job)}/{SHARED_DIR}"
 
     def checkpoint_dir(self, job: str, checkpoint_id: int) -> str:
-        return f"{validate_job_name(job)}/chk-{_checkpoint_id(checkpoint_id)}"
+        return f"{validate_job_name(job)}/{checkpoint_dir_name(_checkpoint_id(checkpoint_id))}"
 
     def default_savepoint_dir(self, job: str, checkpoint_id: int) -> str:
         short = uuid.uuid4().hex[:8]

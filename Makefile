@@ -24,13 +24,13 @@ $(STAMP): pyproject.toml setup.py requirements/overrides.txt
 # Airflow task) would compile Airflow, SQLAlchemy and pyarrow from source again: importing
 # airflow.sdk took 4.5 s that way and 1.9 s from bytecode. Python still reads .pyc files it finds,
 # and ignores one whose source changed since. Our own packages are compiled before each run.
-BYTECODE_DIRS ?= state_engine plugins dags
+BYTECODE_DIRS ?= state_engine plugins dags demo
 bytecode:
 	@# (|| true: a package may ship a template named .py that does not compile; it stays source)
 	@$(PY) -m compileall -q -j 0 $(BYTECODE_DIRS) >/dev/null || true
 
 demo: install bytecode
-	$(PY) -m state_engine.demo
+	$(PY) -m demo
 
 # Lint first: ruff and mypy must be clean before the suite runs (CI runs `make test`).
 test: install lint browser flink bytecode

@@ -89,6 +89,12 @@ class KeyGroupRange:
         return cls(start, end)
 
     @classmethod
+    def from_count(cls, start: int, count: int) -> KeyGroupRange:
+        """The ``count`` key groups from ``start`` on (as Flink's ``_metadata`` stores a range;
+        ``count`` 0 gives the empty range)."""
+        return cls(start, start + count - 1)
+
+    @classmethod
     def empty(cls) -> KeyGroupRange:
         """The canonical empty range."""
         return _EMPTY

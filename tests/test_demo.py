@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from state_engine import demo
+from demo import story as demo
+from demo.airflow_cli import AirflowCli, airflow_env, failure_message
 from state_engine.catalog import Catalog
 from state_engine.config import Settings
-from state_engine.demo_airflow import AirflowCli, airflow_env, failure_message
 from state_engine.examples import fraud
 
 # 2,500 s of record time per partition: a card idle for the 15 min profile TTL expires
@@ -143,7 +143,7 @@ def test_a_long_step_prints_a_line_every_ten_seconds_off_a_terminal() -> None:
     import io
     import threading
 
-    from state_engine import demo
+    from demo import story as demo
 
     out = io.StringIO()
     console = demo.Console(out)

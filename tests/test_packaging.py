@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -25,8 +26,44 @@ ROOT = Path(__file__).resolve().parents[1]
 # What the wheel is built from; anything else the build needed would fail it here first.
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "state_engine", "plugins", "migrations")
 ENGINE_ONLY_ABSENT = ("pyspark", "airflow", "pandas", "psycopg", "s3fs")
+#: a module finding files from its own location above its package: a wheel has no checkout there
+CLIMBS = re.compile(r"__file__.*(\.parents\[|\.parent\.parent)")
+#: the one module allowed to: it looks beside the package first (a checkout runs its own
+#: revisions), then in the statekeeper_migrations the wheel ships
+MAY_CLIMB = {"state_engine/catalog/migrate.py"}
 
-pytestmark = pytest.mark.slow
+
+def checkout_paths(wheel: zipfile.ZipFile) -> list[str]:
+    """What in ``wheel`` needs a source checkout: the demo (it drives the checkout's ``dags/``
+    and ``plugins/``) or a module that climbs from its own file to a folder of the checkout."""
+    out = []
+    for name in wheel.namelist():
+        demo = name.split("/")[0] == "demo" or name.startswith("state_engine/demo")
+        text = wheel.read(name).decode("utf-8", errors="replace")
+        climbs = name.endswith(".py") and name not in MAY_CLIMB and bool(CLIMBS.search(text))
+        if demo or climbs:
+            out.append(name)
+    return sorted(out)
+
+
+def test_a_wheel_with_the_demo_or_a_checkout_path_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "statekeeper-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr("state_engine/keygroups.py", "import numpy\n")
+        wheel.writestr("state_engine/catalog/migrate.py", "Path(x.__file__).parent.parent\n")
+        # the demo's Airflow driver as it was, in state_engine/: the DAGs at parents[1]/"dags"
+        wheel.writestr("state_engine/tour.py", "REPO = Path(__file__).resolve().parents[1]\n")
+        wheel.writestr("demo/__main__.py", "from demo.story import main\n")
+    with zipfile.ZipFile(path) as wheel:
+        assert checkout_paths(wheel) == ["demo/__main__.py", "state_engine/tour.py"]
+    # and the checkout's own sources of the wheel's modules have none
+    with zipfile.ZipFile(tmp_path / "sources.zip", "w") as sources:
+        for folder in ("state_engine", "plugins", "migrations"):
+            for module in (ROOT / folder).rglob("*.py"):
+                sources.write(module, module.relative_to(ROOT).as_posix())
+    with zipfile.ZipFile(tmp_path / "sources.zip") as sources:
+        assert checkout_paths(sources) == []
+
 
 # Run inside the fresh venv: Airflow's plugins manager, first with an empty plugins folder (the
 # entry point is the only way in), then again with the checkout's plugins/ as the folder.
@@ -88,6 +125,7 @@ def _constraints(tmp_path: Path, env: dict[str, str]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_the_engine_alone_then_the_airflow_plugin(tmp_path: Path) -> None:
     from state_engine.catalog.migrate import VERSION_TABLE, head_revision
 
@@ -110,6 +148,7 @@ def test_the_wheel_installs_the_engine_alone_then_the_airflow_plugin(tmp_path: P
         entry_points = next(
             archive.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")
         )
+        assert checkout_paths(archive) == [], f"{wheel.name} needs a source checkout"
     for shipped in (
         "statekeeper_migrations/env.py",
         "statekeeper_migrations/script.py.mako",

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from state_engine.catalog.models import RUN_STATUSES, Job, MaintenanceRun, Snapshot
 from state_engine.catalog.records import Page, RunRecord
+from state_engine.catalog.rows import resolve_job
 from state_engine.catalog.store import (
     Store,
     as_json,
@@ -20,7 +21,6 @@ from state_engine.catalog.store import (
 )
 from state_engine.errors import (
     InvalidRunTransition,
-    NoSuchJob,
     NoSuchRun,
     NoSuchSnapshot,
     RunIdConflict,
@@ -50,7 +50,7 @@ class RunMixin(Store):
         params = as_json(params or {}, "run params")
         now = self.now()
         with self._write() as s:
-            job_id = None if job is None else _job_id(s, job)
+            job_id = None if job is None else resolve_job(s, job).id
             if input_snapshot_id is not None and s.get(Snapshot, input_snapshot_id) is None:
                 raise NoSuchSnapshot(
                     f"input snapshot {input_snapshot_id} of run {run_id!r} is not in the catalog"
@@ -178,20 +178,12 @@ def _runs_stmt(
 ) -> Select[MaintenanceRun, str]:
     stmt = select(MaintenanceRun, Job.name).outerjoin(Job, Job.id == MaintenanceRun.job_id)
     if job is not None:
-        stmt = stmt.where(MaintenanceRun.job_id == _job_id(s, job))
+        stmt = stmt.where(MaintenanceRun.job_id == resolve_job(s, job).id)
     if kind is not None:
         stmt = stmt.where(MaintenanceRun.kind == kind)
     if status is not None:
         stmt = stmt.where(MaintenanceRun.status == check_choice(status, "status", RUN_STATUSES))
     return stmt.order_by(MaintenanceRun.started_at.desc(), MaintenanceRun.id.desc())
-
-
-def _job_id(s: Session, job: str | int) -> int:
-    column = Job.id if isinstance(job, int) else Job.name
-    job_id = s.scalar(select(Job.id).where(column == job))
-    if job_id is None:
-        raise NoSuchJob(f"no job {job!r} in the catalog; list the known jobs with `statectl jobs`")
-    return job_id
 
 
 def _no_run(run_id: str) -> NoSuchRun:

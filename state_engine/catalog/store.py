@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, TypeVarTuple
 
@@ -125,39 +125,30 @@ class Store:
         if getattr(self._batch, "session", None) is not None:
             yield
             return
-        with (
-            self._translate(),
-            Session(self._writer, expire_on_commit=False) as session,
-            session.begin(),
-        ):
+        with self._transaction(self._writer) as session:
             self._batch.session = session
             try:
                 yield
             finally:
                 self._batch.session = None
 
+    def _write(self) -> AbstractContextManager[Session]:
+        return self._transaction(self._writer)
+
+    def _read(self) -> AbstractContextManager[Session]:
+        return self._transaction(self.engine)
+
     @contextmanager
-    def _write(self) -> Iterator[Session]:
+    def _transaction(self, engine: Engine) -> Iterator[Session]:
+        """A session in a transaction of its own on ``engine``, or this thread's open batch
+        session (inside a batch a read sees the batch's own writes)."""
         outer = getattr(self._batch, "session", None)
         if outer is not None:
             yield outer
             return
         with (
             self._translate(),
-            Session(self._writer, expire_on_commit=False) as session,
-            session.begin(),
-        ):
-            yield session
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        outer = getattr(self._batch, "session", None)
-        if outer is not None:
-            yield outer  # inside a batch a read sees the batch's own writes
-            return
-        with (
-            self._translate(),
-            Session(self.engine, expire_on_commit=False) as session,
+            Session(engine, expire_on_commit=False) as session,
             session.begin(),
         ):
             yield session

@@ -1,48 +1,18 @@
 """``statectl flink import``: bring a Flink job's completed snapshots into the catalog, and sync.
 
-Each PATH is one of:
-
-* a job's checkpoint directory ``<checkpoint-dir>/<job-id>`` (``chk-N/``, ``shared/``,
-  ``taskowned/``): every ``chk-N`` with a ``_metadata`` is a completed checkpoint; one without is
-  an aborted or in-flight one and is not imported;
-* one savepoint directory (holding ``_metadata``);
-* a directory of savepoint directories.
-
-One listing per PATH (fsspec ``find``) plus one read per ``_metadata``; handle paths are resolved
-against that listing, so importing costs no per-file I/O. Every completed snapshot becomes a
-COMPLETED catalog snapshot of a job of origin ``flink`` with Flink's checkpoint id, kind, format,
-parallelism and max parallelism; its files (``_metadata`` included) are attached with their roles
-and kinds (a group's common details) and what else the handle says of each file (its RocksDB
-name, where Flink wrote it if it moved); shared RocksDB files are registered once and referenced
-by every checkpoint that uses them; key-group byte sizes are recorded where the handles give
-offsets.
-
-Running it again syncs: snapshots already imported are left alone, new ones are added, and
-imported snapshots whose ``_metadata`` is gone are marked DISCARDED with the reason -- only those
-the synced directory's own listing looks for (``chk-N`` of a job directory, the savepoints of a
-savepoint directory), not those of another, nested claimed directory, and only after asking the
-store that the ``_metadata`` is really gone. A claimed directory that is missing altogether is
-reported under ``missing_directories`` and its snapshots are left as they are (an unmounted volume
-or a rename is not the end of its checkpoints). A ``_metadata`` at the location of a snapshot the
-catalog DISCARDED that is not the file discarded (see :mod:`state_engine.flink.discarded`) is a
-new snapshot: reported, and pinned by expire and orphan cleanup, since the catalog keeps one
-snapshot per checkpoint id.
-
-Directories are recorded under one spelling (``.`` and ``//`` folded, links resolved on local
-storage): a directory imported through a link is the directory Flink wrote to. A directory belongs
-to one job (``sk_job_dirs``), and so does a file: importing a directory under another name, or
-snapshots that reference files another job holds (a NO_CLAIM restore of that job's snapshot), is
-refused before anything is written. Snapshots are written in chunks, each in one transaction (see
-:func:`_write_snapshots`), the job and its directories with the first: a crash leaves a chunk
-imported or not at all, and the next import completes a PENDING snapshot an earlier version of the
-importer left.
+Each PATH is a job's checkpoint directory ``<checkpoint-dir>/<job-id>``, one savepoint directory
+or a directory of savepoints. One listing per PATH plus one read per ``_metadata``: handle paths
+are resolved against that listing, so importing costs no per-file I/O. Running it again syncs:
+new snapshots are added, imported ones whose ``_metadata`` is gone are DISCARDED, and a claimed
+directory that is missing altogether is only reported (an unmounted volume is not the end of its
+checkpoints). A directory, and a file, belongs to one job. Snapshots are written in chunks, each
+in one transaction (:func:`_write_snapshots`): a crash leaves a chunk imported or not at all.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
-import re
 import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -60,14 +30,21 @@ from state_engine.errors import (
 )
 from state_engine.faults import crash_point
 from state_engine.flink.discarded import is_discarded_metadata, metadata_stamp
+from state_engine.flink.layout import (
+    JOB_DIR_PARTS,
+    KIND_FOREIGN,
+    KIND_TASKOWNED,
+    METADATA_FILE,
+    ROLE_CHANGELOG,
+    ROLE_CHECKPOINTS,
+    ROLE_SAVEPOINT,
+    ROLE_SAVEPOINTS,
+    ROLE_SHARED,
+    is_checkpoint_dir,
+)
 from state_engine.flink.metadata import (
     INLINE,
     KEY_GROUPS,
-    KIND_FOREIGN,
-    KIND_TASKOWNED,
-    METADATA_FILE_NAME,
-    ROLE_CHANGELOG,
-    ROLE_SHARED,
     SAVEPOINT_KEY_GROUPS,
     SEGMENT,
     FileReference,
@@ -80,12 +57,7 @@ from state_engine.flink.metadata import (
 from state_engine.snapshot.storage import FileStore
 from state_engine.snapshot_enums import SnapshotStatus
 
-ROLE_CHECKPOINTS = "flink-checkpoints"
-ROLE_SAVEPOINTS = "flink-savepoints"
-ROLE_SAVEPOINT = "flink-savepoint"
 TRIGGER = "flink-import"
-CHK_DIR = re.compile(r"^chk-(\d+)$")
-JOB_DIR_PARTS = ("shared", "taskowned")
 
 
 @dataclass
@@ -131,15 +103,15 @@ class Listing:
         if self.role == ROLE_SAVEPOINT:
             return depth == 0
         if self.role == ROLE_CHECKPOINTS:
-            return depth == 1 and bool(CHK_DIR.match(posixpath.basename(directory)))
+            return depth == 1 and is_checkpoint_dir(posixpath.basename(directory))
         return depth == 1
 
     def metadata_files(self) -> list[str]:
         """Paths of the completed snapshots' ``_metadata`` under the root (a role looks for
         them in the root or a directory right under it: those are asked, not every file)."""
         root = self.root.rstrip("/")
-        candidates = [f"{root}/{d}/{METADATA_FILE_NAME}" for d in self.directories]
-        candidates.append(f"{root}/{METADATA_FILE_NAME}")
+        candidates = [f"{root}/{d}/{METADATA_FILE}" for d in self.directories]
+        candidates.append(f"{root}/{METADATA_FILE}")
         return sorted(
             p for p in candidates if p in self.files and self.looks_in(posixpath.dirname(p))
         )
@@ -218,18 +190,18 @@ def list_directory(url: str, storage_options: dict[str, Any] | None = None) -> L
         files = {f"{root.rstrip('/')}/{f.path}": f.size for f in store.find(root)}
     skip = len(root) + 1
     top_dirs = {p[skip:cut] for p in files if (cut := p.find("/", skip)) > 0}
-    if f"{root}/{METADATA_FILE_NAME}" in files:
+    if f"{root}/{METADATA_FILE}" in files:
         role = ROLE_SAVEPOINT
-    elif any(CHK_DIR.match(c) for c in top_dirs) or top_dirs & set(JOB_DIR_PARTS):
+    elif any(map(is_checkpoint_dir, top_dirs)) or top_dirs & set(JOB_DIR_PARTS):
         role = ROLE_CHECKPOINTS
-    elif any(f"{root}/{c}/{METADATA_FILE_NAME}" in files for c in top_dirs):
+    elif any(f"{root}/{c}/{METADATA_FILE}" in files for c in top_dirs):
         role = ROLE_SAVEPOINTS
     else:
         nested = sorted(
             {
                 posixpath.dirname(posixpath.dirname(p))
                 for p in files
-                if CHK_DIR.match(posixpath.basename(posixpath.dirname(p)))
+                if is_checkpoint_dir(posixpath.basename(posixpath.dirname(p)))
             }
         )
         some = ", ".join(store.url_of(n) for n in nested[:3])
@@ -712,7 +684,7 @@ def _read_snapshots(
             root = listing.root.rstrip("/")
             for head in sorted(listing.directories):
                 parent = f"{root}/{head}"
-                if CHK_DIR.match(head) and f"{parent}/{METADATA_FILE_NAME}" not in listing.files:
+                if is_checkpoint_dir(head) and f"{parent}/{METADATA_FILE}" not in listing.files:
                     report.in_flight.append(listing.to_url(parent))
     return found
 
@@ -809,7 +781,7 @@ def _not_imported_because(
             return f"snapshot {snap.id} is DISCARDED in the catalog (expired; its files go next)"
     # The old _metadata's row is forgotten by the expire that discarded it; until then it
     # clashes with the new one's (one path, one file). Its shared files may stay: reused.
-    if catalog.path_owners([f"{location.rstrip('/')}/{METADATA_FILE_NAME}"]):
+    if catalog.path_owners([f"{location.rstrip('/')}/{METADATA_FILE}"]):
         return (
             f"a new checkpoint {cid} where snapshot {here[0].id} was discarded, whose expire did "
             f"not finish removing its files; run `statectl maintain expire --job {here[0].job} "
@@ -960,7 +932,7 @@ def _mark_vanished(
         listing = next((lst for lst in listings if _looks_for(lst, snap.location, claimed)), None)
         if listing is None:
             continue
-        metadata = f"{listing.store.path_of(snap.location)}/{METADATA_FILE_NAME}"
+        metadata = f"{listing.store.path_of(snap.location)}/{METADATA_FILE}"
         if listing.store.exists(metadata):
             continue  # written since the listing (or the listing missed it): not vanished
         catalog.discard_snapshot(

@@ -79,13 +79,17 @@ from state_engine.flink.discarded import (
     expired_details,
     metadata_stamp,
 )
-from state_engine.flink.import_job import (
-    CHK_DIR,
+from state_engine.flink.import_job import referenced_files, under_any
+from state_engine.flink.layout import (
+    CHECKPOINT_DIR_PREFIX,
+    JOB_DIR_PARTS,
+    METADATA_FILE,
     ROLE_CHECKPOINTS,
-    referenced_files,
-    under_any,
+    SHARED_DIR,
+    TASKOWNED_DIR,
+    is_checkpoint_dir,
 )
-from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
+from state_engine.flink.metadata import metadata_from_bytes
 from state_engine.jobs.deletion import (
     THREADS,
     FileLease,
@@ -107,7 +111,6 @@ if TYPE_CHECKING:
 EXPIRE = "expire"
 ORPHAN_CLEANUP = "orphan_cleanup"
 DEFAULT_OLDER_THAN = "3d"
-JOB_SUBDIRS = ("shared", "taskowned")
 
 
 def is_flink_job(catalog: Catalog, job: Any) -> bool:
@@ -158,7 +161,9 @@ def disk_checkpoints(
     for root_url in checkpoint_dirs(catalog, job):
         store, root = FileStore.at(root_url)
         root = root.rstrip("/")
-        for path in store.glob(f"{root}/chk-*/{METADATA_FILE_NAME}"):
+        for path in store.glob(f"{root}/{CHECKPOINT_DIR_PREFIX}*/{METADATA_FILE}"):
+            if not is_checkpoint_dir(posixpath.basename(posixpath.dirname(path))):
+                continue
             location = store.url_of(posixpath.dirname(path))
             dead = _is_discarded(store, path, location, discarded)
             out[location] = (_refs_of(store, path, root), dead)
@@ -245,7 +250,7 @@ class ExpirePlan:
 
 def _metadata_of(snap: SnapshotRecord) -> tuple[FileStore, str]:
     """The store and path of ``snap``'s ``_metadata``."""
-    return FileStore.at(snap.location.rstrip("/") + "/" + METADATA_FILE_NAME)
+    return FileStore.at(snap.location.rstrip("/") + "/" + METADATA_FILE)
 
 
 def completed_at(snap: SnapshotRecord) -> float:
@@ -376,8 +381,8 @@ def _expire_plan(
     plan.dead_dirs = sorted(d for d in expiring | set(discarded) if under_any(d, dirs))
     linked = links_to_keep([u for u in candidates if under_any(u, dirs)], live, dirs)
     plan.links_kept = sorted(linked)
-    task_owned = tuple(f"{d.rstrip('/')}/taskowned/" for d in dirs)
-    shared = tuple(f"{d.rstrip('/')}/shared/" for d in dirs)
+    task_owned = tuple(f"{d.rstrip('/')}/{TASKOWNED_DIR}/" for d in dirs)
+    shared = tuple(f"{d.rstrip('/')}/{SHARED_DIR}/" for d in dirs)
     for url, size in sorted(candidates.items()):
         if not under_any(url, dirs):
             plan.foreign.append(url)
@@ -523,8 +528,8 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 continue  # a file directly in the job directory: not Flink's
             keep = heads.get(head)
             if keep is None:
-                is_chk = bool(CHK_DIR.match(head))
-                keep = heads[head] = head in JOB_SUBDIRS or is_chk
+                is_chk = is_checkpoint_dir(head)
+                keep = heads[head] = head in JOB_DIR_PARTS or is_chk
                 if is_chk:
                     chk_heads.add(head)
             if keep:  # only chk-*/, shared/, taskowned/ are Flink's to clean
@@ -533,7 +538,7 @@ def _orphan_plan(catalog: Catalog, job: str, dirs: list[str], cutoff: datetime) 
                 listed[to_url(f"{root}/{f.path}")] = (f.size, mtime)
         # Every completed checkpoint on disk now, imported or not, pins its files.
         for head in sorted(chk_heads):
-            path = f"{root}/{head}/{METADATA_FILE_NAME}"
+            path = f"{root}/{head}/{METADATA_FILE}"
             if path not in files:
                 plan.in_flight.append(to_url(f"{root}/{head}"))
             elif not _is_discarded(store, path, to_url(f"{root}/{head}"), discarded):
@@ -567,7 +572,7 @@ def _empty_chk_dirs(dirs: list[str], cutoff: datetime) -> list[str]:
         store, root = FileStore.at(root_url)
         for entry in store.ls(root.rstrip("/")):
             name = posixpath.basename(entry.path)
-            if not entry.is_dir or not CHK_DIR.match(name):
+            if not entry.is_dir or not is_checkpoint_dir(name):
                 continue
             # unknown age: treat as new, never delete
             mtime = entry.modified.timestamp() if entry.modified is not None else time.time()

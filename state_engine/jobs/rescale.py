@@ -53,6 +53,7 @@ from state_engine.backends.operator_state import (
     redistribute,
 )
 from state_engine.catalog import Catalog
+from state_engine.checkpoint_dirs import is_checkpoint_dir
 from state_engine.errors import InvalidJobParams, InvalidParallelism, SnapshotNotUsable
 from state_engine.faults import crash_point
 from state_engine.jobs.canonical_write import (
@@ -95,7 +96,7 @@ from state_engine.snapshot.metadata import (
     SubtaskSnapshot,
 )
 from state_engine.snapshot.operator_rows import OperatorStateRow
-from state_engine.snapshot.storage import ReadStats, SnapshotDir
+from state_engine.snapshot.storage import SHARED_DIR, ReadStats, SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ def reuse_path(src: SnapshotDir, out: SnapshotDir, f: SnapshotFile) -> str:
     if (
         posixpath.dirname(src.path) != parent
         or rel.startswith("..")
-        or not (top == "shared" or (top.startswith("chk-") and top[4:].isdigit()))
+        or not (top == SHARED_DIR or is_checkpoint_dir(top))
     ):
         raise SnapshotNotUsable(
             f"file {f.path!r} of {src.url} is not in the job's checkpoint directories, so a new "

@@ -31,6 +31,7 @@ import fsspec.core
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
+from state_engine.checkpoint_dirs import checkpoint_dir_name, is_checkpoint_dir
 from state_engine.errors import (
     CheckpointError,
     InvalidJobName,
@@ -166,7 +167,7 @@ def normalize_relative(path: str, *, allow_shared: bool, where: str) -> str:
     if allow_shared and len(parts) >= 3 and parts[0] == ".." and parts[1] == SHARED_DIR:
         rest = parts[2:]
         prefix = SHARED_PREFIX
-    elif allow_shared and len(parts) >= 3 and parts[0] == ".." and _is_checkpoint_dir(parts[1]):
+    elif allow_shared and len(parts) >= 3 and parts[0] == ".." and is_checkpoint_dir(parts[1]):
         # a file of an earlier checkpoint of the job, reused by a rescale that rewrote nothing
         rest = parts[2:]
         prefix = f"../{parts[1]}/"
@@ -180,11 +181,6 @@ def normalize_relative(path: str, *, allow_shared: bool, where: str) -> str:
             f"use a plain relative path inside the snapshot directory{hint}"
         )
     return prefix + "/".join(rest)
-
-
-def _is_checkpoint_dir(name: str) -> bool:
-    digits = name[4:]
-    return name.startswith("chk-") and digits.isdigit() and digits == str(int(digits))
 
 
 def resolve_storage(
@@ -1032,7 +1028,7 @@ class CheckpointStorage:
         return f"{validate_job_name(job)}/{SHARED_DIR}"
 
     def checkpoint_dir(self, job: str, checkpoint_id: int) -> str:
-        return f"{validate_job_name(job)}/chk-{_checkpoint_id(checkpoint_id)}"
+        return f"{validate_job_name(job)}/{checkpoint_dir_name(_checkpoint_id(checkpoint_id))}"
 
     def default_savepoint_dir(self, job: str, checkpoint_id: int) -> str:
         short = uuid.uuid4().hex[:8]

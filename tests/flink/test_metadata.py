@@ -19,7 +19,7 @@ from state_engine.errors import (
 )
 from state_engine.flink import metadata as md
 from state_engine.flink.javaser import decode_modified_utf8
-from state_engine.flink.metadata import metadata_from_bytes, read_metadata
+from state_engine.flink.metadata import metadata_from_bytes, parser, read_metadata
 
 from .conftest import FlinkFixtures
 
@@ -536,14 +536,14 @@ def test_a_rocksdb_file_list_is_columns_until_an_entry_that_is_not_a_plain_ascii
         ("OPTIONS", b"\x01" + struct.pack(">H", 1) + b"o" + struct.pack(">i", 2) + b"xy"),
         ("000004.sst", _file("/j/shared/c", 7)),
     ]
-    columns = md._read_local_files(md._Reader(_local_files_bytes(plain), "SRC"), "shared")
+    columns = parser._read_local_files(parser._Reader(_local_files_bytes(plain), "SRC"), "shared")
     assert columns.in_columns and len(columns) == 2
     assert list(columns) == [
         md.LocalFile("000001.sst", md.StreamHandle(md.FILE, "/j/shared/a", 3)),
         md.LocalFile("000002.sst", md.StreamHandle(md.FILE, "/j/shared/b", 4)),
     ]
-    with_inline = md._read_local_files(
-        md._Reader(_local_files_bytes([*plain[:1], others[2], *plain[1:]]), "SRC"), "shared"
+    with_inline = parser._read_local_files(
+        parser._Reader(_local_files_bytes([*plain[:1], others[2], *plain[1:]]), "SRC"), "shared"
     )
     assert with_inline.in_columns and with_inline.file_names == ["000001.sst", "000002.sst"]
     assert [(f.local_path, f.handle.type, f.handle.name) for f in with_inline] == [
@@ -551,7 +551,9 @@ def test_a_rocksdb_file_list_is_columns_until_an_entry_that_is_not_a_plain_ascii
         ("OPTIONS", md.INLINE, "o"),
         ("000002.sst", md.FILE, "/j/shared/b"),
     ]
-    mixed = md._read_local_files(md._Reader(_local_files_bytes(plain + others), "SRC"), "private")
+    mixed = parser._read_local_files(
+        parser._Reader(_local_files_bytes(plain + others), "SRC"), "private"
+    )
     assert not mixed.in_columns
     assert [(f.local_path, f.handle.type, f.handle.name, f.handle.size) for f in mixed] == [
         ("000001.sst", md.FILE, "/j/shared/a", 3),

@@ -32,12 +32,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from demo.airflow_cli import REPO, AirflowCli, DemoAirflowError, failure_message
 from state_engine.backends.rocksdb import RocksDBBackendFactory
 from state_engine.catalog import Catalog, RunRecord, SnapshotRecord
 from state_engine.catalog.engine import parse_url, sqlite_path
 from state_engine.catalog.migrate import upgrade
 from state_engine.config import Settings
-from state_engine.demo_airflow import REPO, AirflowCli, DemoAirflowError, failure_message
 from state_engine.errors import NotFound, StatekeeperError
 from state_engine.examples import fraud
 from state_engine.formatting import format_table, human_bytes
@@ -797,7 +797,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, *, spark: Any = Non
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m state_engine.demo",
+        prog="python -m demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

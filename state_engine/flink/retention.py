@@ -2,7 +2,7 @@
 
 ``statectl maintain expire`` / ``maintain orphan_cleanup`` dispatch here for jobs of origin
 ``flink`` (see :func:`flink_runner`); no Spark starts. Both are recorded maintenance runs
-(:func:`state_engine.jobs.run.maintenance_job`) holding the job's file lease while they delete,
+(:func:`state_engine.maintenance.run.recorded_run`) holding the job's file lease while they delete,
 and both delete in the order forget-in-the-catalog, then delete-from-storage.
 
 Expire (``--retain-last N``, ``--older-than AGE``, ``--savepoint ID_OR_NAME``): the COMPLETED
@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from state_engine.catalog import Catalog
 from state_engine.catalog.records import SnapshotRecord
@@ -87,7 +87,7 @@ from state_engine.flink.import_job import (
     under_any,
 )
 from state_engine.flink.metadata import METADATA_FILE_NAME, metadata_from_bytes
-from state_engine.jobs.deletion import (
+from state_engine.maintenance.deletion import (
     THREADS,
     FileLease,
     as_aware,
@@ -98,11 +98,8 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.maintenance.run import JobResult, RunContext, recorded_run
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 EXPIRE = "expire"
 ORPHAN_CLEANUP = "orphan_cleanup"
@@ -397,7 +394,6 @@ def _expire_plan(
 
 
 def expire_body(
-    spark: SparkSession | None,
     catalog: Catalog,
     ctx: RunContext,
     *,
@@ -581,7 +577,6 @@ def _head(path: str, root: str) -> str:
 
 
 def orphan_body(
-    spark: SparkSession | None,
     catalog: Catalog,
     ctx: RunContext,
     *,
@@ -648,8 +643,8 @@ def _orphan_stats(
     }
 
 
-flink_expire = maintenance_job(EXPIRE, resolve_job)(expire_body)
-flink_orphan_cleanup = maintenance_job(ORPHAN_CLEANUP, resolve_job)(orphan_body)
+flink_expire = recorded_run(EXPIRE, resolve_job)(expire_body)
+flink_orphan_cleanup = recorded_run(ORPHAN_CLEANUP, resolve_job)(orphan_body)
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     EXPIRE: flink_expire,
     ORPHAN_CLEANUP: flink_orphan_cleanup,
@@ -670,7 +665,7 @@ def run_maintenance(
 ) -> dict[str, Any]:
     """Run ``kind`` on a Flink job; the report's ``deleted`` is also at its top level."""
     runner = RUNNERS[kind]
-    report = runner(None, catalog, settings=settings, **params)
+    report = runner(catalog, settings=settings, **params)
     stats = report.get("stats") or {}
     if "deleted" in stats:
         report = {**report, "deleted": stats["deleted"]}

@@ -242,8 +242,8 @@ def job_params(args: argparse.Namespace) -> dict[str, Any]:
 def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run the parsed job on the maintenance SparkSession against the configured catalog."""
     from state_engine.catalog import Catalog
-    from state_engine.jobs.preflight import check_before_spark
     from state_engine.jobs.spark import app_name, build_spark
+    from state_engine.maintenance.preflight import check_before_spark
 
     settings = Settings.from_env()
     if args.job_name in ("expire", "orphan_cleanup"):
@@ -290,7 +290,7 @@ def cmd_state_show(args: argparse.Namespace) -> int:
         rows = _flink_state_rows(catalog, args)
         if rows is None:
             rows = _statekeeper_state_rows(catalog, args, settings)
-    from state_engine.jobs.state_decode import COLUMNS
+    from state_engine.maintenance.state_decode import COLUMNS
 
     if args.json:
         print(json.dumps(rows, default=_json_default, ensure_ascii=False))
@@ -334,13 +334,13 @@ def _statekeeper_state_rows(
     catalog: Any, args: argparse.Namespace, settings: Settings
 ) -> list[dict[str, Any]]:
     """Rows of a Statekeeper snapshot: read directly when small, with Spark above that."""
-    from state_engine.jobs.state_local import plan_show, quiet_spark_conf, read_rows
+    from state_engine.maintenance.state_local import plan_show, read_rows
 
     # every refusal (id, status, format, operator, state, key) before any Spark start
     plan = plan_show(catalog, args.snapshot, state=args.state, key=args.key, operator=args.operator)
     if plan.local and not args.spark:
         return read_rows(plan, args.limit)
-    from state_engine.jobs.spark import app_name, build_spark
+    from state_engine.jobs.spark import app_name, build_spark, quiet_spark_conf
     from state_engine.jobs.state_inspect import show_rows
 
     spark = build_spark(settings, extra=quiet_spark_conf(), name=app_name("state-show"))

@@ -6,9 +6,9 @@ Input: a COMPLETED DELTA snapshot (its chain is folded: per identity the row wit
 :mod:`state_engine.checkpoint.delta`), or a CANONICAL snapshot with many small files (rewritten
 into fewer). One Spark task per write range reads that range's base and delta row groups through
 the key-group index, folds them and writes canonical files; the driver copies operator state and
-commits (``jobs.output``). Write ranges are cut from each subtask's key-group range so that each
-holds about ``target_file_bytes`` of input (estimated from the files' key-group indexes): small
-files are bin-packed together, a range never spans two subtasks.
+commits (``maintenance.output``). Write ranges are cut from each subtask's key-group range so
+that each holds about ``target_file_bytes`` of input (estimated from the files' key-group
+indexes): small files are bin-packed together, a range never spans two subtasks.
 
 The output is a new CHECKPOINT with the next checkpoint id, so ``restore("latest")`` picks it,
 and it restores equal to the chain. Then the chain is released through the catalog: the input and
@@ -44,18 +44,15 @@ from state_engine.errors import (
     InvalidSnapshotTransition,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
-from state_engine.jobs.snapshot_read import estimated_key_group_bytes, open_source, range_batches
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
+from state_engine.jobs.snapshot_read import estimated_key_group_bytes, range_batches
+from state_engine.jobs.spark_job import maintenance_job
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.maintenance.inputs import load_input, resolve_input
+from state_engine.maintenance.output import output_snapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange
+from state_engine.maintenance.run import JobResult, RunContext
+from state_engine.maintenance.source import open_source
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:

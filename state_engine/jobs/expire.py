@@ -6,10 +6,10 @@ COMPLETED checkpoint always stays; a rule that selects every completed checkpoin
 RetentionRemovesEverything before anything changes. Savepoints belong to the user: only the ones
 named in ``savepoints`` (by snapshot id or directory name) go.
 
-Under the job's file lease (see :mod:`state_engine.jobs.deletion`): the selected snapshots become
-DISCARDED (which drops their references), then every file of the job the catalog calls releasable
-(no PENDING or COMPLETED snapshot references it; re-checked inside ``forget_files``) is forgotten
-and deleted, then the emptied ``chk-<n>/`` and savepoint directories are removed.
+Under the job's file lease (see :mod:`state_engine.maintenance.deletion`): the selected snapshots
+become DISCARDED (which drops their references), then every file of the job the catalog calls
+releasable (no PENDING or COMPLETED snapshot references it; re-checked inside ``forget_files``) is
+forgotten and deleted, then the emptied ``chk-<n>/`` and savepoint directories are removed.
 
 A running job's next checkpoint is safe. It reuses files of the checkpoints it wrote itself (a
 delta chain, RocksDB SSTs), and the newest of those need not be the catalog's latest (a
@@ -29,7 +29,7 @@ that completes it first wins, and it stays), which releases its attached files t
 below; files it wrote but never attached are orphan cleanup's from then on.
 
 Spark is not needed for this catalog and file-deletion work; ``spark`` is used only to spread a
-very large deletion (see ``deletion.delete_urls``), so it may be None.
+very large deletion (see :mod:`state_engine.jobs.spark_delete`), so it may be None.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ from state_engine.errors import (
     RetentionRemovesEverything,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs import deletion
-from state_engine.jobs.deletion import (
-    SPARK_MIN_FILES,
+from state_engine.jobs.spark_delete import SPARK_MIN_FILES, spark_deleter
+from state_engine.jobs.spark_job import maintenance_job
+from state_engine.maintenance.deletion import (
     THREADS,
     FileLease,
     as_aware,
@@ -64,8 +64,8 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
-from state_engine.jobs.job_storage import storage_for
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.maintenance.job_storage import storage_for
+from state_engine.maintenance.run import JobResult, RunContext
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
@@ -320,9 +320,7 @@ def run(
                 "files_deferred_to_running_job": len(deferred),
                 "files_deleted": 0,
                 "bytes_deleted": 0,
-                "would_delete": deletion.limited(
-                    [{"path": p, "size": n} for p, n in sorted(files.items())]
-                ),
+                "would_delete": limited([{"path": p, "size": n} for p, n in sorted(files.items())]),
             }
         )
     with FileLease(catalog, job, KIND, ctx.run_id, wait=wait_s) as lease:
@@ -338,7 +336,10 @@ def run(
         deferred &= found.keys()
         files = {p: n for p, n in found.items() if p not in deferred}
         done = forget_and_delete(
-            catalog, lease, files, spark=spark, spark_min_files=spark_min_files, threads=threads
+            catalog,
+            lease,
+            files,
+            delete=spark_deleter(spark, spark_min_files=spark_min_files, threads=threads),
         )
         pending = [s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)]
         gone = [*expired, *aborted]

@@ -72,30 +72,25 @@ from state_engine.checkpoint.metadata import (
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import InvalidJobParams, InvalidParallelism, SnapshotNotUsable
 from state_engine.faults import crash_point
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    plan_write_ranges,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.deletion import FileLease
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import OutputSnapshot, output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
 from state_engine.jobs.snapshot_read import (
     native_subtask_batches,
-    open_source,
     plan_read_ranges,
     range_batches,
 )
 from state_engine.jobs.spark import min_tasks
+from state_engine.jobs.spark_job import maintenance_job
 from state_engine.keygroups import (
     UPPER_BOUND_MAX_PARALLELISM,
     compute_key_group_range_for_operator_index,
     key_groups_for_hashes,
 )
+from state_engine.maintenance.deletion import FileLease
+from state_engine.maintenance.inputs import load_input, resolve_input
+from state_engine.maintenance.output import OutputSnapshot, output_snapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange, plan_write_ranges
+from state_engine.maintenance.run import JobResult, RunContext
+from state_engine.maintenance.source import open_source
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:

@@ -27,24 +27,21 @@ from state_engine.checkpoint.canonical import arrow_array
 from state_engine.checkpoint.metadata import SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats
 from state_engine.faults import crash_point
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.expiry import Thresholds, expired_mask, thresholds_for
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
 from state_engine.jobs.snapshot_read import (
     native_subtask_batches,
-    open_source,
     plan_read_ranges,
     range_batches,
 )
-from state_engine.jobs.spark import check_reachable, min_tasks
+from state_engine.jobs.spark import min_tasks
+from state_engine.jobs.spark_job import maintenance_job
+from state_engine.maintenance.expiry import Thresholds, expired_mask, thresholds_for
+from state_engine.maintenance.inputs import load_input, resolve_input
+from state_engine.maintenance.output import output_snapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange
+from state_engine.maintenance.reachable import check_reachable
+from state_engine.maintenance.run import JobResult, RunContext
+from state_engine.maintenance.source import open_source
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:

@@ -37,28 +37,12 @@ from state_engine.checkpoint.metadata import (
 )
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
 from state_engine.errors import CorruptMetadata
-from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
 from state_engine.keygroups import KeyGroupRange
-from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
+from state_engine.maintenance.ranges import WriteRange, plan_write_ranges
+from state_engine.maintenance.source import NATIVE_KINDS
 
-NATIVE_KINDS = frozenset({FileKind.NATIVE_SST, FileKind.NATIVE_PRIVATE})
 _GROUP = ("key_group", "key", "namespace", "state")
 _BATCH_ROWS = 16384
-
-
-def open_source(url: str, kind: str) -> SnapshotDir:
-    # a savepoint never reaches outside its directory, so it is opened without shared access
-    return SnapshotDir.from_url(url, allow_shared=kind != SnapshotKind.SAVEPOINT)
-
-
-def snapshot_format(meta: SnapshotMetadata) -> SnapshotFormat:
-    """The format the files say (a native checkpoint written by heap backends is canonical)."""
-    kinds = {f.kind for f in meta.files}
-    if kinds & NATIVE_KINDS:
-        return SnapshotFormat.NATIVE
-    if FileKind.DELTA in kinds:
-        return SnapshotFormat.DELTA
-    return SnapshotFormat.CANONICAL
 
 
 def split_chain(

@@ -7,7 +7,7 @@ Without a watermark, event-time states are copied unchanged; states without TTL 
 
 No shuffle: one Spark task per write range reads that range's row groups of the input through
 the key-group index, drops expired rows and writes the kept ones with ``CanonicalWriter``; the
-driver copies operator state and commits (``jobs.output``). The input is never modified.
+driver copies operator state and commits (``maintenance.output``). The input is never modified.
 """
 
 from __future__ import annotations
@@ -27,19 +27,14 @@ from state_engine.checkpoint.canonical import (
 )
 from state_engine.checkpoint.metadata import SnapshotMetadata
 from state_engine.checkpoint.storage import ReadStats, SnapshotDir
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    plan_write_ranges,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.expiry import Thresholds, expired_mask, thresholds_for
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
 from state_engine.jobs.spark import min_tasks
+from state_engine.jobs.spark_job import maintenance_job
+from state_engine.maintenance.expiry import Thresholds, expired_mask, thresholds_for
+from state_engine.maintenance.inputs import load_input, resolve_input
+from state_engine.maintenance.output import output_snapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange, plan_write_ranges
+from state_engine.maintenance.run import JobResult, RunContext
 from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint.canonical import CanonicalWriter, write_operator_state
 from state_engine.checkpoint.metadata import OperatorSnapshot, SnapshotMetadata
 from state_engine.checkpoint.storage import CheckpointStorage
-from state_engine.jobs.canonical_write import RangeOutput, WriteRange
-from state_engine.jobs.output import begin_output
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.maintenance.output import begin_output
+from state_engine.maintenance.ranges import RangeOutput, WriteRange
 from state_engine.serde import StrSerializer
 from state_engine.snapshot_enums import SnapshotFormat
 from state_engine.state import (

@@ -10,7 +10,7 @@ inside :func:`output_snapshot`::
         record = out.commit(out.metadata(template, outputs, op_files), outputs)
 
 On entry, what an earlier attempt of the same run left (found by its tag, see
-:func:`~state_engine.jobs.run.run_tag`) is looked at: a COMPLETED output is handed back as
+:func:`~state_engine.maintenance.run.run_tag`) is looked at: a COMPLETED output is handed back as
 ``recovered`` (nothing is written again); a PENDING or FAILED one is abandoned (FAILED, its files
 forgotten by the catalog and removed), so the retry writes the output once, into the same fixed
 savepoint directory too. Otherwise the job's next checkpoint id is reserved (PENDING) through
@@ -37,9 +37,9 @@ from state_engine.checkpoint.metadata import (
 from state_engine.checkpoint.storage import CheckpointStorage, SnapshotDir
 from state_engine.config import Settings
 from state_engine.errors import InvalidJobParams, InvalidSnapshotRequest
-from state_engine.jobs.canonical_write import RangeOutput, TargetSpec
-from state_engine.jobs.job_storage import storage_for
-from state_engine.jobs.run import JobResult
+from state_engine.maintenance.job_storage import storage_for
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec
+from state_engine.maintenance.run import JobResult
 from state_engine.snapshot_enums import (
     UNFINISHED_STATUSES,
     SnapshotFormat,

@@ -39,7 +39,6 @@ it at the next restore).
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,7 +52,7 @@ from state_engine.backends.operator_state import (
     group_by_subtask,
     redistribute,
 )
-from state_engine.catalog import Catalog
+from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint.canonical import (
     KEYED_SCHEMA,
     KeyGroupStats,
@@ -86,9 +85,10 @@ from state_engine.keygroups import (
     key_groups_for_hashes,
 )
 from state_engine.maintenance.deletion import FileLease
-from state_engine.maintenance.inputs import load_input, resolve_input
-from state_engine.maintenance.output import OutputSnapshot, output_snapshot
+from state_engine.maintenance.inputs import InputSnapshot, resolve_input
+from state_engine.maintenance.output import OutputSnapshot
 from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange, plan_write_ranges
+from state_engine.maintenance.rewrite import Rewrite, Written, rewrite_run
 from state_engine.maintenance.run import JobResult, RunContext
 from state_engine.maintenance.source import open_source
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
@@ -486,8 +486,7 @@ def rebucket(
     row_group_bytes: int | None,
 ) -> tuple[SnapshotMetadata, list[RangeOutput], int, int]:
     """Re-bucket every keyed operator into the output (two task waves, see module docstring)."""
-    sizing = {"row_group_bytes": int(row_group_bytes)} if row_group_bytes else {}
-    target = out.target(**sizing)
+    target = out.target(row_group_bytes=row_group_bytes)
     read_ranges, native = plan_read_ranges(meta, tasks)
     new_max = out.record.max_parallelism
     url, kind = src.url, record.kind
@@ -582,75 +581,79 @@ def run(
             "a rescale at the same max parallelism is a checkpoint over the input's files; a "
             "savepoint must hold its own files: take it with the savepoint job instead"
         )
+
+    def plan(inp: InputSnapshot) -> Rewrite:
+        if same and inp.record.kind is not SnapshotKind.CHECKPOINT:
+            raise SnapshotNotUsable(
+                f"snapshot {inp.record.id} is a savepoint; a checkpoint must not depend on files "
+                "the user owns: restore the savepoint at the new parallelism directly (canonical "
+                "snapshots read at any parallelism), or rescale a checkpoint"
+            )
+
+        def write(out: OutputSnapshot) -> Written:
+            if same:
+                meta, outputs = metadata_only(
+                    catalog, inp.record, inp.snapshot, inp.meta, out, new_p
+                )
+                rows_in, bytes_in = inp.record.entries, 0
+            else:
+                meta, outputs, rows_in, bytes_in = rebucket(
+                    spark,
+                    inp.snapshot,
+                    inp.record,
+                    inp.meta,
+                    out,
+                    new_p,
+                    min_tasks(spark, tasks),
+                    row_group_bytes,
+                )
+            written = [f for f in meta.files if not f.shared]
+            stats = {
+                "files_reused": sum(1 for f in meta.files if f.shared),
+                "files_written": len(written),
+                "output_kind": out.kind,
+            }
+            return Written(
+                outputs,
+                meta=meta,
+                rows_in=rows_in,
+                bytes_in=bytes_in,
+                bytes_out=sum(f.size for f in written),
+                stats=stats,
+            )
+
+        def finish(output: SnapshotRecord, *, recovered: bool) -> dict[str, Any]:
+            if not recovered:
+                crash_point("rescale.after_complete")
+            if not same:
+                catalog.set_job_max_parallelism(record.job, new_max)
+            return {}
+
+        return Rewrite(
+            SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
+            new_p,
+            new_max,
+            write,
+            stats={
+                "input_format": str(inp.format),
+                "from_parallelism": inp.meta.parallelism,
+                "to_parallelism": new_p,
+                "from_max_parallelism": inp.meta.max_parallelism,
+                "to_max_parallelism": new_max,
+                "metadata_only": same,
+            },
+            savepoint_dir=None if same else savepoint_dir,
+            finish=finish,
+        )
+
     # A metadata-only rescale makes a new checkpoint over the source's files: hold the job's
     # file lease from reading the source until those files are attached to the new snapshot, so
     # neither the running job's release nor expire/orphan cleanup can delete them in between.
-    lease = (
-        FileLease(catalog, record.job, KIND, ctx.run_id, wait=LEASE_WAIT_S)
-        if same
-        else contextlib.nullcontext()
-    )
-    with lease:
-        inp = load_input(
-            catalog,
-            snapshot,
-            allow=(SnapshotFormat.CANONICAL,)
-            if same
-            else (SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
-        )
-        source, src, meta = inp.record, inp.snapshot, inp.meta
-        if same and source.kind is not SnapshotKind.CHECKPOINT:
-            raise SnapshotNotUsable(
-                f"snapshot {source.id} is a savepoint; a checkpoint must not depend on files the "
-                "user owns: restore the savepoint at the new parallelism directly (canonical "
-                "snapshots read at any parallelism), or rescale a checkpoint"
-            )
-        base_stats: dict[str, Any] = {
-            "input_format": str(inp.format),
-            "from_parallelism": meta.parallelism,
-            "to_parallelism": new_p,
-            "from_max_parallelism": meta.max_parallelism,
-            "to_max_parallelism": new_max,
-            "metadata_only": same,
-        }
-        with output_snapshot(
-            catalog,
-            record.job,
-            tag=ctx.tag,
-            settings=ctx.settings,
-            kind=SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
-            parallelism=new_p,
-            max_parallelism=new_max,
-            savepoint_dir=None if same else savepoint_dir,
-        ) as out:
-            if out.recovered:
-                if not same:
-                    catalog.set_job_max_parallelism(record.job, new_max)
-                return out.recovered_result(base_stats)
-            rows_in, bytes_in = source.entries, 0
-            if same:
-                new_meta, outputs = metadata_only(catalog, source, src, meta, out, new_p)
-            else:
-                new_meta, outputs, rows_in, bytes_in = rebucket(
-                    spark, src, source, meta, out, new_p, min_tasks(spark, tasks), row_group_bytes
-                )
-            out_record = out.commit(new_meta, outputs)
-    crash_point("rescale.after_complete")
-    if not same:
-        catalog.set_job_max_parallelism(record.job, new_max)
-    written = [f for f in new_meta.files if not f.shared]
-    return JobResult(
-        output_snapshot_id=out_record.id,
-        rows_in=rows_in,
-        rows_out=out_record.entries,
-        bytes_in=bytes_in,
-        bytes_out=sum(f.size for f in written),
-        stats={
-            **base_stats,
-            "files_reused": sum(1 for f in new_meta.files if f.shared),
-            "files_written": len(written),
-            "output_checkpoint_id": out_record.checkpoint_id,
-            "output_location": out_record.location,
-            "output_kind": out_record.kind,
-        },
+    return rewrite_run(
+        catalog,
+        ctx,
+        snapshot,
+        reads=(SnapshotFormat.CANONICAL,) if same else tuple(SnapshotFormat),
+        plan=plan,
+        hold=FileLease(catalog, record.job, KIND, ctx.run_id, wait=LEASE_WAIT_S) if same else None,
     )

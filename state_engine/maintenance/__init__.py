@@ -4,6 +4,7 @@ Import the module you need; this package imports nothing eagerly, so the code Sp
 (which imports ``ranges`` and ``source``) loads neither the catalog nor SQLAlchemy through it:
 
 * ``run`` -- a recorded, retry-safe maintenance run and what it hands back;
+* ``rewrite`` -- the run template of the jobs that rewrite a snapshot into a new one;
 * ``inputs``, ``source`` -- the input snapshot: found, checked, opened, its format told;
 * ``output`` -- the output snapshot around the commit protocol;
 * ``ranges`` -- key-group write ranges: what a task is given and hands back;

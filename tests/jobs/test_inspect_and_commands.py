@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from state_engine.cli.maintain import register
 from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
 from state_engine.jobs import __main__ as jobs_main
-from state_engine.jobs.commands import register
 from state_engine.jobs.state_inspect import show_rows, snapshot_frame
 from state_engine.keygroups import assign_to_key_group
 from state_engine.maintenance.inputs import load_input

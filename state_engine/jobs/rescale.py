@@ -1,40 +1,14 @@
 """Rescale: a snapshot of a job for a new parallelism, and optionally a new max parallelism.
 
-Same max parallelism (``max_parallelism`` omitted or unchanged): a metadata-only plan. The output
-is a new CHECKPOINT whose ``_metadata`` assigns the input's existing files to the new subtasks'
-key-group ranges (a file that straddles two new ranges is listed under both; a restore reads only
-the row groups of its range through the key-group index). Nothing keyed is read or rewritten: the
-files stay where they are (``../chk-<n>/...`` or ``../shared/...`` from the new directory) and are
-attached as shared, so the catalog keeps them while either snapshot needs them. Operator state is
-redistributed by mode into small new files. Only canonical checkpoints of the job's own storage
-qualify: a delta chain is compacted first (the compaction job), and a native RocksDB snapshot is
-refused with the advice to take a canonical savepoint first (its DB files cannot be cut by key
-group without opening them; Flink's way, pointing new subtasks at overlapping DBs, would make the
-rescaled snapshot depend on the native layout forever). A savepoint input is refused too: a
-checkpoint must not depend on a directory the user owns; a canonical savepoint restores at any
-parallelism as it is.
-
-New max parallelism (1..32768, >= parallelism): two waves of Spark tasks. In the first, one task
-per input range reads the live canonical rows (canonical, delta folded, or native via rocksdict),
-computes the new key group from ``key_hash`` alone (``murmur(key_hash) % new_max_p``, vectorised;
-no key is deserialized), sorts the rows it holds (up to ``SPILL_RUN_BYTES``) by the new key group
-and spills them as uncompressed Arrow IPC, one file per destination write range, under the
-PENDING output's ``_spill/``. In the second, one task per new write range memory-maps its runs
-(each already sorted) and writes them canonical merged by key group, as zero-copy slices; the
-spill is removed before the commit. When the input is plain (canonical or delta, one keyed
-operator) and small enough per task (``DIRECT_GROUP_BYTES``), one wave does it all instead: about
-one task per core, each reading the whole input, keeping its consecutive destination ranges' rows
-by a vectorised mask and writing them directly: reading the input a few times costs less than
-writing, reading and deleting the spill.
-(Shuffling the rows through Spark instead moved every binary column through the JVM twice and
-ran at about half the speed.) The output is a SAVEPOINT (self-contained) by
-default; then the job's max parallelism is recorded in the catalog (``set_job_max_parallelism``),
-after which only snapshots of the new max parallelism can be restored by the job.
-
-Operator state, by mode: SPLIT lists are concatenated and split evenly; BROADCAST is copied to
-every new subtask; UNION lists are kept once each, assigned to new subtasks in order, so that the
-union a restore forms is exactly the old one (copying the union to every subtask would multiply
-it at the next restore).
+Same max parallelism: a metadata-only CHECKPOINT, whose ``_metadata`` assigns the input's
+canonical files (reused where they are, attached as shared) to the new subtasks' ranges; only
+operator state is rewritten. New max parallelism: rows re-bucketed by ``key_hash`` alone (no key
+is deserialized) into a new SAVEPOINT, in two waves of tasks through an Arrow IPC spill under the
+output's ``_spill/``, or, for a small plain input, in one wave that reads the input once per task
+(cheaper than writing, reading and deleting the spill; shuffling through Spark ran at about half
+the speed). Afterwards the job's max parallelism is the new one. UNION operator state is kept
+once per list, so that the union a restore forms is exactly the old one. The rules in full are in
+the docs (rescaling).
 """
 
 from __future__ import annotations

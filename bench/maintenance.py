@@ -47,11 +47,12 @@ from state_engine.checkpoint.commit import reserve
 from state_engine.config import Settings
 from state_engine.hashing import key_hashes
 from state_engine.jobs import compaction, rescale, savepoint, ttl_cleanup
-from state_engine.jobs.canonical_write import RangeOutput, WriteRange
-from state_engine.jobs.inputs import load_input
-from state_engine.jobs.output import OutputSnapshot, begin_output
-from state_engine.jobs.spark import build_spark, spark_url
+from state_engine.jobs.spark import build_spark
 from state_engine.keygroups import compute_key_group_range_for_operator_index, key_groups_for_hashes
+from state_engine.maintenance.inputs import load_input
+from state_engine.maintenance.output import OutputSnapshot, begin_output
+from state_engine.maintenance.ranges import RangeOutput, WriteRange
+from state_engine.maintenance.reachable import spark_url
 from state_engine.serde import BytesSerializer, StrSerializer
 from state_engine.snapshot.canonical import KEYED_SCHEMA, CanonicalWriter, read_key_groups
 from state_engine.snapshot.delta import CLEAR, DELTA_SCHEMA, PUT, DeltaWriter

@@ -116,7 +116,7 @@ def statekeeper_maintenance() -> None:
         @task(outlets=[SNAPSHOTS])
         def compaction(job: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
             from state_engine.catalog import Catalog
-            from state_engine.maintenance_plan import delta_chain
+            from state_engine.maintenance.plan import delta_chain
 
             params = params or {}
             if params["dry_run"]:

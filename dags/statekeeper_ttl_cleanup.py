@@ -70,7 +70,7 @@ def statekeeper_ttl_cleanup() -> None:
     @task
     def plan(params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         from state_engine.catalog import Catalog
-        from state_engine.maintenance_plan import ttl_plan
+        from state_engine.maintenance.plan import ttl_plan
 
         with Catalog.from_settings() as catalog:
             result = ttl_plan(catalog)

@@ -24,19 +24,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "state_engine"
 
 #: Used by every layer: the standard library only, or (config, faults) errors alone.
-_LEAVES = {"collector", "errors", "lazy", "parallelism_limits", "snapshot_enums"}
+_LEAVES = {"checkpoint_dirs", "collector", "errors", "lazy", "parallelism_limits", "snapshot_enums"}
 #: Keys, hashing, serializers and the state API: what every state-handling layer may use.
 _FOUNDATION = _LEAVES | {"config", "faults", "formatting", "hashing", "keygroups", "serde", "state"}
 #: The maintenance framework and what it builds on (no Spark, no runtime).
 _BELOW_MAINTENANCE = _FOUNDATION | {"backends", "catalog", "checkpoint", "snapshot"}
 
-#: What each unit may import. ``maintenance``, the ``cli`` package and the jobs/flink split are
-#: brought by the other branches of issue 34; a unit that does not exist yet has no edges.
+#: What each unit may import.
 ALLOWED: dict[str, set[str]] = {
     "state_engine": set(),  # the package's own __init__
     "collector": set(),
     "errors": set(),
     "lazy": set(),
+    "checkpoint_dirs": set(),
     "parallelism_limits": set(),
     "snapshot_enums": set(),
     "config": {"errors"},
@@ -58,27 +58,19 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": _FOUNDATION | {"backends", "catalog", "checkpoint", "snapshot"},
     # the maintenance framework (no pyspark): never jobs, flink, cli or runtime
     "maintenance": _BELOW_MAINTENANCE,
-    "maintenance_plan": _BELOW_MAINTENANCE,
-    # the Spark jobs and what runs in their tasks
-    "jobs": _BELOW_MAINTENANCE | {"maintenance", "maintenance_plan"},
-    # Apache Flink's formats, import and retention: never jobs
+    # Apache Flink's formats, import, retention and savepoint writing: never jobs
     "flink": _BELOW_MAINTENANCE | {"maintenance"},
+    # the Spark jobs and what runs in their tasks (the Flink ones too)
+    "jobs": _BELOW_MAINTENANCE | {"maintenance", "flink"},
     "examples": _FOUNDATION | {"runtime"},
     "verify": _BELOW_MAINTENANCE | {"flink"},
-    # statectl, and the demo (which leaves the package with another branch): the top
-    "cli": _BELOW_MAINTENANCE | {"flink", "jobs", "maintenance", "maintenance_plan", "verify"},
-    "demo_airflow": _LEAVES | {"config"},
-    "demo": _BELOW_MAINTENANCE
-    | {"demo_airflow", "examples", "flink", "jobs", "maintenance", "runtime", "verify"},
+    # statectl: the top
+    "cli": _BELOW_MAINTENANCE | {"flink", "jobs", "maintenance", "verify"},
 }
 
 #: Edges the rule forbids that other branches of issue 34 remove, with what removes them. Once
 #: an edge is gone its line must go too (a test fails until it is).
-PENDING: dict[tuple[str, str], str] = {
-    ("flink", "jobs"): "flink/retention.py and forget.py use jobs.deletion and jobs.run, "
-    "which move to maintenance/",
-    ("jobs", "flink"): "jobs/commands.py is statectl's dispatch, which moves to cli/",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 def module_names() -> dict[str, Path]:

@@ -28,13 +28,13 @@ Where Spark runs (see :mod:`statekeeper_airflow.spark_submit`):
   driver's log (which a cluster-mode driver does not send back).
 
 Before any Spark session starts or spark-submit runs, the inputs are checked against the catalog
-(:mod:`state_engine.jobs.preflight`: the job exists, the snapshot is the job's, COMPLETED and in a
-format the job reads, the parallelism fits the max parallelism, a savepoint directory is inside
-the job's roots or ``STATEKEEPER_ALLOWED_SAVEPOINT_DIRS``) and the input snapshot is pinned: a
-retry reads what the first try read. Errors that a retry cannot fix (those, a bad setting) fail the
-task at once (``AirflowFailException``) with the job's message and are recorded as a FAILED run of
-the job; others (a lease held by another deleting run, Spark or storage failures) fail it for
-Airflow's retries.
+(:mod:`state_engine.maintenance.preflight`: the job exists, the snapshot is the job's, COMPLETED
+and in a format the job reads, the parallelism fits the max parallelism, a savepoint directory is
+inside the job's roots or ``STATEKEEPER_ALLOWED_SAVEPOINT_DIRS``) and the input snapshot is
+pinned: a retry reads what the first try read. Errors that a retry cannot fix (those, a bad
+setting) fail the task at once (``AirflowFailException``) with the job's message and are recorded
+as a FAILED run of the job; others (a lease held by another deleting run, Spark or storage
+failures) fail it for Airflow's retries.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -
     starts; a refusal is recorded as a FAILED run of the job and raised."""
     from state_engine.catalog import Catalog
     from state_engine.config import Settings
-    from state_engine.jobs.preflight import check_before_spark as check
+    from state_engine.maintenance.preflight import check_before_spark as check
 
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:

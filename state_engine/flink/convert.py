@@ -401,8 +401,8 @@ def run(
     import uuid
 
     from state_engine.flink.keyed_state import catalog_flink_metadata
-    from state_engine.jobs.output import previous_output
-    from state_engine.jobs.run import run_tag
+    from state_engine.maintenance.output import previous_output
+    from state_engine.maintenance.run import run_tag
 
     meta = catalog_flink_metadata(catalog, snapshot)
     if meta is None:
@@ -447,7 +447,7 @@ def _convert(
     settings: Any,
 ) -> dict[str, Any]:
     from state_engine.catalog import KeyGroupStatRow
-    from state_engine.jobs.output import output_snapshot
+    from state_engine.maintenance.output import output_snapshot
 
     with output_snapshot(
         catalog,

@@ -24,7 +24,7 @@ from typing import Any
 from state_engine.catalog import Catalog
 from state_engine.errors import FlinkImportError
 from state_engine.flink.import_job import normalize_root
-from state_engine.jobs.deletion import FileLease
+from state_engine.maintenance.deletion import FileLease
 from state_engine.snapshot.storage import FileStore
 from state_engine.snapshot_enums import SnapshotStatus
 

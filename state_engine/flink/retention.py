@@ -1,57 +1,17 @@
-"""Expire and orphan cleanup on Flink directories, in plain Python under the job's lease.
+"""Expire and orphan cleanup on Flink directories, in plain Python under the job's file lease.
 
 ``statectl maintain expire`` / ``maintain orphan_cleanup`` dispatch here for jobs of origin
-``flink`` (see :func:`flink_runner`); no Spark starts. Both are recorded maintenance runs
-(:func:`state_engine.jobs.run.maintenance_job`) holding the job's file lease while they delete,
-and both delete in the order forget-in-the-catalog, then delete-from-storage.
+``flink`` (:func:`flink_runner`); no Spark starts. Both are recorded maintenance runs that forget
+in the catalog first, then delete from storage.
 
-Expire (``--retain-last N``, ``--older-than AGE``, ``--savepoint ID_OR_NAME``): the COMPLETED
-checkpoints not among the newest N and (with ``--older-than``) completed before the cut-off are
-DISCARDED. Newest means: within one Flink job directory (one run of the job), the higher
-checkpoint id; across the job directories of one catalog job (runs restarted under new Flink job
-ids, whose checkpoint ids count from 1 again), the run whose latest checkpoint completed last comes
-first. A Flink checkpoint's completion time is its ``_metadata``'s modification time on
-storage (Flink writes ``_metadata`` last, when it finalizes the checkpoint; the ``_metadata`` has
-no timestamp of its own), or the import time when that file cannot be asked (later than the real
-completion: it only keeps more). As for native jobs the newest completed checkpoint always stays:
-a retention that selects every one is refused (RetentionRemovesEverything). Then every file of
-the job no retained snapshot references any more (``live_refs`` = 0: the discarded checkpoints'
-``_metadata``, exclusive files and RocksDB private files, and exactly the shared files no retained
-checkpoint or savepoint uses) is forgotten and deleted, and the emptied ``chk-N`` directories
-removed -- except the files Flink's task managers own and delete themselves: everything in
-``taskowned/`` (a changelog backend's materialized state, file merging's operator-state files)
-and file merging's physical files in ``shared/<subdirectory>/`` (which a task manager may still
-have open to append to). Those are reported under ``left_to_flink`` and forgotten by the
-catalog, not deleted: Flink drops them once no checkpoint uses them, and orphan cleanup (with its
-``--older-than``, which spares a file still being written) takes what a stopped job left. Files
-outside the job's directories are never deleted either (``foreign_kept``); of those, the ones
-whose catalog rows this job holds (a changelog backend's files in the cluster's changelog
-directory, which Flink drops itself) are forgotten too, so no later expire reports them again.
-
-Savepoints are expired only when named: by directory name, catalog snapshot id or Flink
-savepoint id; a name that means different snapshots under these readings is refused. An expired
-snapshot is discarded with the size and modification time of its ``_metadata`` in its
-``details`` (:mod:`state_engine.flink.discarded`): a ``_metadata`` found later at the location of
-a DISCARDED snapshot pins nothing only when it is that very file; a new checkpoint written there
-pins its files (the catalog forgets its rows of the paths that checkpoint owns now, and the next
-sync imports it).
-
-Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
-and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
-now (not only the imported ones: a checkpoint Flink wrote since the last import is respected) and
-from the catalog's retained snapshots; ``chk-N`` directories without ``_metadata`` (aborted or in
-flight) are orphans too. Files are matched by full path, never by base name. A file modified
-after the cut-off is never touched (a live job's checkpoint in flight). Files a snapshot
-references outside the job's directories (a NO_CLAIM restore's ancestor) are reported under
-``foreign_references`` and never deleted.
-
-Both never delete, and report under ``links_kept``, a file on local storage that is reached through
-a directory link out of the job's directories (a ``shared/`` linked to another job's) or that is
-another spelling of a file a snapshot references (the job directory imported through a link).
-A job directory that is missing fails orphan cleanup, nothing deleted, and its snapshots keep.
-
-The ``--json`` report names every file deleted (or, with ``--dry-run``, that would be) under
-``deleted.items``.
+What the code cannot tell: Flink stores no completion time, so a checkpoint completed when its
+``_metadata`` was last modified (Flink writes it last); "newest" is the higher checkpoint id within
+one Flink job directory and, across the directories of a job restarted under new Flink job ids
+(whose ids count from 1 again), the directory whose latest checkpoint completed last. Every
+``_metadata`` on disk pins its files, imported or not. Files Flink's task managers own
+(``taskowned/``, file merging's ``shared/<subdirectory>/``) are forgotten, never deleted; nor is
+anything outside the job's directories or reached through a directory link. The rules in full are
+in the docs (Flink retention).
 """
 
 from __future__ import annotations
@@ -62,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from state_engine.catalog import Catalog
 from state_engine.catalog.records import SnapshotRecord
@@ -90,7 +50,7 @@ from state_engine.flink.layout import (
     is_checkpoint_dir,
 )
 from state_engine.flink.metadata import metadata_from_bytes
-from state_engine.jobs.deletion import (
+from state_engine.maintenance.deletion import (
     THREADS,
     FileLease,
     as_aware,
@@ -101,12 +61,9 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.maintenance.run import JobResult, RunContext, recorded_run
 from state_engine.snapshot.storage import FileStore, remove_empty_dirs
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 EXPIRE = "expire"
 ORPHAN_CLEANUP = "orphan_cleanup"
@@ -402,7 +359,6 @@ def _expire_plan(
 
 
 def expire_body(
-    spark: SparkSession | None,
     catalog: Catalog,
     ctx: RunContext,
     *,
@@ -586,7 +542,6 @@ def _head(path: str, root: str) -> str:
 
 
 def orphan_body(
-    spark: SparkSession | None,
     catalog: Catalog,
     ctx: RunContext,
     *,
@@ -653,8 +608,8 @@ def _orphan_stats(
     }
 
 
-flink_expire = maintenance_job(EXPIRE, resolve_job)(expire_body)
-flink_orphan_cleanup = maintenance_job(ORPHAN_CLEANUP, resolve_job)(orphan_body)
+flink_expire = recorded_run(EXPIRE, resolve_job)(expire_body)
+flink_orphan_cleanup = recorded_run(ORPHAN_CLEANUP, resolve_job)(orphan_body)
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     EXPIRE: flink_expire,
     ORPHAN_CLEANUP: flink_orphan_cleanup,
@@ -675,7 +630,7 @@ def run_maintenance(
 ) -> dict[str, Any]:
     """Run ``kind`` on a Flink job; the report's ``deleted`` is also at its top level."""
     runner = RUNNERS[kind]
-    report = runner(None, catalog, settings=settings, **params)
+    report = runner(catalog, settings=settings, **params)
     stats = report.get("stats") or {}
     if "deleted" in stats:
         report = {**report, "deleted": stats["deleted"]}

@@ -1,5 +1,7 @@
 """The PySpark maintenance jobs: the only package that imports pyspark.
 
-Each job is ``run(spark, catalog, **params) -> report`` (see :mod:`state_engine.jobs.run`) and a
-command line: ``python -m state_engine.jobs NAME --param value`` or ``statectl maintain NAME``.
+Each job is ``run(spark, catalog, **params) -> report`` (a recorded run:
+:mod:`state_engine.jobs.spark_job`) and a command line (:mod:`state_engine.jobs.commands`):
+``python -m state_engine.jobs NAME --param value`` or ``statectl maintain NAME``. What the jobs
+share and need no Spark for is :mod:`state_engine.maintenance`.
 """

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from state_engine.errors import StatekeeperError
-from state_engine.jobs.commands import _json_default, add_job_parsers, run_job
+from state_engine.jobs.commands import add_job_parsers, json_default, run_job
 
 PROG = "python -m state_engine.jobs"
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_report(args: argparse.Namespace) -> int:
     report = run_job(args)
-    print(json.dumps(report, default=_json_default, sort_keys=True))
+    print(json.dumps(report, default=json_default, sort_keys=True))
     return 0
 
 

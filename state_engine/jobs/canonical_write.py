@@ -1,9 +1,7 @@
-"""Spark tasks write canonical files; the driver commits them (see :mod:`state_engine.jobs.output`).
+"""Spark tasks write canonical files; the driver commits them (see
+:mod:`state_engine.maintenance.output`).
 
-A job splits the key-group space into *write ranges*: each subtask's Flink key-group range cut
-into ``m`` contiguous pieces, so there are enough tasks to keep every core busy even when the
-snapshot has one subtask. A subtask's files are then its pieces' files in key-group order, which
-is the order a restore reads them in. Each Spark task writes one write range with
+Each Spark task writes one write range (:mod:`state_engine.maintenance.ranges`) with
 :class:`CanonicalWriter` through fsspec (never through Spark's writers: the files must be
 key-group-aligned and indexed) and sends back the :class:`SnapshotFile` entries, the key-group
 statistics and the job's own counters. Nothing of a task's output is visible until the driver
@@ -15,29 +13,23 @@ the input snapshot's row groups of that range, through the key-group index): no 
 
 from __future__ import annotations
 
-import math
 import pickle
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from state_engine.errors import InvalidJobParams, SparkTaskFailed
+from state_engine.errors import SparkTaskFailed
 from state_engine.faults import pause_point
-from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange
 from state_engine.snapshot.canonical import (
-    DEFAULT_ROW_GROUP_BYTES,
-    DEFAULT_TARGET_FILE_BYTES,
     KEYED_SCHEMA,
     CanonicalWriter,
-    KeyGroupStats,
     arrow_array,
 )
-from state_engine.snapshot.metadata import SnapshotFile
-from state_engine.snapshot.storage import SnapshotDir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,78 +37,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 R = TypeVar("R")
 _RESULT_SCHEMA = "task long, result binary"
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """Where the tasks write: a snapshot directory URL (fsspec) and the writer's sizing."""
-
-    url: str
-    max_parallelism: int
-    allow_shared: bool = True
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES
-    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
-
-    def open(self) -> SnapshotDir:
-        return SnapshotDir.from_url(
-            self.url, self.storage_options or None, allow_shared=self.allow_shared
-        )
-
-
-@dataclass(frozen=True)
-class WriteRange:
-    """Key groups ``first..last`` of ``operator``, written as part of ``subtask``'s files."""
-
-    operator: str
-    subtask: int
-    first: int
-    last: int
-
-
-@dataclass(frozen=True)
-class RangeOutput:
-    """What one task wrote for one write range."""
-
-    range: WriteRange
-    files: tuple[SnapshotFile, ...]
-    key_group_stats: dict[int, KeyGroupStats]
-    rows_in: int = 0
-    bytes_in: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rows_out(self) -> int:
-        return sum(f.rows or 0 for f in self.files)
-
-    @property
-    def bytes_out(self) -> int:
-        return sum(f.size for f in self.files)
-
-
-def plan_write_ranges(
-    max_parallelism: int, parallelism: int, operators: Sequence[str], min_tasks: int = 1
-) -> list[WriteRange]:
-    """Every operator's subtask ranges, each cut into enough pieces for ``min_tasks`` tasks.
-
-    The pieces are the Flink ranges at parallelism ``parallelism * m``: since
-    ``floor(floor(x * m) / m) == floor(x)``, each piece lies inside one subtask's range.
-    """
-    if not 1 <= parallelism <= max_parallelism:
-        raise InvalidJobParams(
-            f"parallelism {parallelism} is not within 1..{max_parallelism} (max parallelism)"
-        )
-    if not operators:
-        raise InvalidJobParams("no operator to write: the snapshot holds no keyed operator")
-    per_op = max(1, math.ceil(min_tasks / len(operators)))
-    m = max(1, min(math.ceil(per_op / parallelism), max_parallelism // parallelism))
-    pieces = parallelism * m
-    out = []
-    for op in operators:
-        for i in range(pieces):
-            rng = compute_key_group_range_for_operator_index(max_parallelism, pieces, i)
-            out.append(WriteRange(op, i // m, rng.start, rng.end))
-    return out
 
 
 def open_writer(target: TargetSpec, wr: WriteRange) -> CanonicalWriter:

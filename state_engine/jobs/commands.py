@@ -1,22 +1,20 @@
-"""Command lines of the maintenance jobs: ``statectl maintain NAME``, ``statectl state show``, and
-``python -m state_engine.jobs NAME`` (the spark-submit application).
+"""The command lines of the maintenance jobs, and one run from a parsed line.
 
-:func:`register` adds the ``maintain`` and ``state`` commands to statectl's subparsers; every
-handler is ``handler(args) -> exit code`` and raises StatekeeperErrors for the CLI to print.
+:data:`JOBS` holds each job's parameters; :func:`add_job_parsers` makes them subcommands of
+``statectl maintain`` (:mod:`state_engine.cli.maintain`) and of ``python -m state_engine.jobs``
+(the spark-submit application); the Airflow operators build spark-submit lines from them.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from state_engine.config import Settings
-from state_engine.errors import InvalidJobParams
 from state_engine.snapshot_enums import SnapshotKind
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
@@ -242,8 +240,8 @@ def job_params(args: argparse.Namespace) -> dict[str, Any]:
 def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run the parsed job on the maintenance SparkSession against the configured catalog."""
     from state_engine.catalog import Catalog
-    from state_engine.jobs.preflight import check_before_spark
     from state_engine.jobs.spark import app_name, build_spark
+    from state_engine.maintenance.preflight import check_before_spark
 
     settings = Settings.from_env()
     if args.job_name in ("expire", "orphan_cleanup"):
@@ -274,152 +272,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         return runner(spark, catalog, settings=settings, **ids, **params)
 
 
-def cmd_maintain(args: argparse.Namespace) -> int:
-    report = _flink_savepoint(args) if args.job_name == "savepoint" else None
-    if report is None:
-        report = run_job(args)
-    print(json.dumps(report, default=_json_default, sort_keys=True))
-    return 0
-
-
-def cmd_state_show(args: argparse.Namespace) -> int:
-    from state_engine.catalog import Catalog
-
-    settings = Settings.from_env()
-    with Catalog.from_settings(settings) as catalog:
-        rows = _flink_state_rows(catalog, args)
-        if rows is None:
-            rows = _statekeeper_state_rows(catalog, args, settings)
-    from state_engine.jobs.state_decode import COLUMNS
-
-    if args.json:
-        print(json.dumps(rows, default=_json_default, ensure_ascii=False))
-    else:
-        from state_engine.formatting import format_table
-
-        print(format_table(COLUMNS, [[r[c] for c in COLUMNS] for r in rows], width=60))
-    return 0
-
-
-def _flink_savepoint(args: argparse.Namespace) -> dict[str, Any] | None:
-    """A snapshot of a Flink job converts in-process (no Spark); None for any other snapshot."""
-    if getattr(args, "snapshot", None) is None and getattr(args, "job", None) is None:
-        return None
-    from state_engine.catalog import Catalog
-    from state_engine.flink import convert
-    from state_engine.flink.keyed_state import catalog_flink_metadata
-    from state_engine.flink.pyflink import PyFlinkTypes
-
-    settings = Settings.from_env()
-    with Catalog.from_settings(settings) as catalog:
-        snapshot = args.snapshot
-        if snapshot is None:  # --job NAME: its latest Flink snapshot, if it is a Flink job
-            snapshot = convert.latest_flink_snapshot(catalog, args.job)
-            if snapshot is None:
-                return None
-        elif catalog_flink_metadata(catalog, snapshot) is None:
-            return None
-        return convert.run(
-            catalog,
-            snapshot,
-            savepoint_dir=args.savepoint_dir,
-            ttl=convert.parse_ttl(args.ttl),
-            pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
-            run_id=args.run_id,
-            settings=settings,
-        )
-
-
-def _statekeeper_state_rows(
-    catalog: Any, args: argparse.Namespace, settings: Settings
-) -> list[dict[str, Any]]:
-    """Rows of a Statekeeper snapshot: read directly when small, with Spark above that."""
-    from state_engine.jobs.state_local import plan_show, quiet_spark_conf, read_rows
-
-    # every refusal (id, status, format, operator, state, key) before any Spark start
-    plan = plan_show(catalog, args.snapshot, state=args.state, key=args.key, operator=args.operator)
-    if plan.local and not args.spark:
-        return read_rows(plan, args.limit)
-    from state_engine.jobs.spark import app_name, build_spark
-    from state_engine.jobs.state_inspect import show_rows
-
-    spark = build_spark(settings, extra=quiet_spark_conf(), name=app_name("state-show"))
-    spark.sparkContext.setLogLevel("ERROR")
-    return show_rows(
-        spark,
-        catalog,
-        args.snapshot,
-        state=args.state,
-        key=args.key,
-        operator=args.operator,
-        limit=args.limit,
-    )
-
-
-def _flink_state_rows(catalog: Any, args: argparse.Namespace) -> list[dict[str, Any]] | None:
-    """Rows of a snapshot of a Flink job, decoded in-process from Flink's bytes (no Spark)."""
-    from state_engine.flink.keyed_state import catalog_flink_metadata
-    from state_engine.flink.pyflink import PyFlinkTypes
-    from state_engine.flink.snapshot_state import snapshot_rows
-
-    meta = catalog_flink_metadata(catalog, args.snapshot)
-    if meta is None:
-        if getattr(args, "raw", False):
-            raise InvalidJobParams("--raw reads snapshots of Flink jobs only")
-        return None
-    return snapshot_rows(
-        meta,
-        operator=args.operator,
-        state=args.state,
-        key=args.key,
-        limit=args.limit,
-        raw=args.raw,
-        pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
-    )
-
-
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return str(value)
-
-
-def register(subparsers: Any) -> None:
-    """Add ``maintain NAME ...`` and ``state show SNAPSHOT ...`` to statectl."""
-    maintain = subparsers.add_parser(
-        "maintain", help="run a maintenance job on Spark", description="run a maintenance job"
-    )
-    add_job_parsers(maintain.add_subparsers(dest="maintain_command", metavar="JOB"), cmd_maintain)
-
-    state = subparsers.add_parser("state", help="read the state inside a snapshot")
-    state_commands = state.add_subparsers(dest="state_command", metavar="ACTION")
-    show = state_commands.add_parser(
-        "show",
-        help="decoded keyed state of a completed canonical snapshot",
-        description="decoded keyed state of a completed canonical snapshot (read directly when "
-        "its files are small, with Spark above 64 MiB)",
-    )
-    show.add_argument("snapshot", metavar="SNAPSHOT", type=int, help="snapshot id")
-    show.add_argument("--state", help="only this state")
-    show.add_argument("--key", help="only this key (int keys as digits, tuple keys as JSON)")
-    show.add_argument("--operator", help="only this operator")
-    show.add_argument("--limit", type=int, default=100, help="at most this many rows (100)")
-    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    show.add_argument(
-        "--spark",
-        action="store_true",
-        help="read with Spark even when the files are small (default: Spark above 64 MiB)",
-    )
-    show.add_argument(
-        "--raw",
-        action="store_true",
-        help="Flink snapshots: keys and values as base64 bytes, not decoded",
-    )
-    show.add_argument(
-        "--pyflink-type",
-        dest="pyflink_types",
-        action="append",
-        metavar="STATE=KIND[:TYPE[:TYPE]]",
-        help="PyFlink jobs: how a Python state is coded, e.g. total=value:LONG (repeatable)",
-    )
-    show.set_defaults(handler=cmd_state_show)

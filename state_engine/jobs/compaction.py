@@ -6,9 +6,9 @@ Input: a COMPLETED DELTA snapshot (its chain is folded: per identity the row wit
 :mod:`state_engine.snapshot.delta`), or a CANONICAL snapshot with many small files (rewritten
 into fewer). One Spark task per write range reads that range's base and delta row groups through
 the key-group index, folds them and writes canonical files; the driver copies operator state and
-commits (``jobs.output``). Write ranges are cut from each subtask's key-group range so that each
-holds about ``target_file_bytes`` of input (estimated from the files' key-group indexes): small
-files are bin-packed together, a range never spans two subtasks.
+commits (``maintenance.rewrite``). Write ranges are cut from each subtask's key-group range so
+that each holds about ``target_file_bytes`` of input (estimated from the files' key-group
+indexes): small files are bin-packed together, a range never spans two subtasks.
 
 The output is a new CHECKPOINT with the next checkpoint id, so ``restore("latest")`` picks it,
 and it restores equal to the chain. Then the chain is released through the catalog: the input and
@@ -34,25 +34,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from state_engine.catalog import Catalog
+from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.errors import (
     CommitConflict,
     InvalidJobParams,
     InvalidSnapshotTransition,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
-from state_engine.jobs.snapshot_read import estimated_key_group_bytes, open_source, range_batches
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
+from state_engine.jobs.snapshot_read import estimated_key_group_bytes, range_batches
+from state_engine.jobs.spark_job import maintenance_job
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.maintenance.inputs import InputSnapshot, resolve_input
+from state_engine.maintenance.output import OutputSnapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange
+from state_engine.maintenance.rewrite import Rewrite, Written, rewrite_run
+from state_engine.maintenance.run import JobResult, RunContext
+from state_engine.maintenance.source import open_source
 from state_engine.snapshot.canonical import DEFAULT_TARGET_FILE_BYTES
 from state_engine.snapshot.metadata import SnapshotMetadata
 from state_engine.snapshot.storage import ReadStats
@@ -171,54 +169,39 @@ def run(
             f"target_file_bytes {target_file_bytes!r} is too small; use at least "
             f"{MIN_TARGET_FILE_BYTES} (the default is {DEFAULT_TARGET_FILE_BYTES})"
         )
-    target_file_bytes = int(target_file_bytes)
-    inp = load_input(catalog, snapshot, allow=(SnapshotFormat.DELTA, SnapshotFormat.CANONICAL))
-    record, src, meta = inp.record, inp.snapshot, inp.meta
-    base_stats: dict[str, Any] = {
-        "input_format": str(inp.format),
-        "input_files": len(meta.files),
-        "target_file_bytes": target_file_bytes,
-    }
-    with output_snapshot(
-        catalog,
-        record.job,
-        tag=ctx.tag,
-        settings=ctx.settings,
-        kind=SnapshotKind.CHECKPOINT,
-        parallelism=meta.parallelism,
-        max_parallelism=meta.max_parallelism,
-    ) as out:
-        if out.recovered:
-            released = release_chain(catalog, record, out.record.id, ctx.tag) if release else None
-            return out.recovered_result({**base_stats, "release": released})
-        sizing = {"target_file_bytes": target_file_bytes}
-        if row_group_bytes:
-            sizing["row_group_bytes"] = int(row_group_bytes)
-        target = out.target(**sizing)
-        operators = [op.operator_id for op in meta.operators if op.subtasks]
-        ranges = plan_packed_ranges(meta, operators, target_file_bytes)
-        url, kind = src.url, record.kind
-        outputs = run_range_tasks(
-            spark, ranges, lambda wr: compact_range(url, kind, meta, target, wr)
+    file_bytes = int(target_file_bytes)
+
+    def plan(inp: InputSnapshot) -> Rewrite:
+        def write(out: OutputSnapshot) -> Written:
+            target = out.target(target_file_bytes=file_bytes, row_group_bytes=row_group_bytes)
+            ranges = plan_packed_ranges(inp.meta, inp.keyed_operators, file_bytes)
+            url, kind, meta = inp.url, inp.record.kind, inp.meta
+            outputs = run_range_tasks(
+                spark, ranges, lambda wr: compact_range(url, kind, meta, target, wr)
+            )
+            crash_point("compaction.after_tasks")
+            files_out = sum(len(o.files) for o in outputs)
+            return Written(outputs, tasks=len(ranges), stats={"output_files": files_out})
+
+        def finish(record: SnapshotRecord, *, recovered: bool) -> dict[str, Any]:
+            if not recovered:
+                crash_point("compaction.after_complete")
+            released = release_chain(catalog, inp.record, record.id, ctx.tag) if release else None
+            return {"release": released}
+
+        return Rewrite(
+            SnapshotKind.CHECKPOINT,
+            inp.meta.parallelism,
+            inp.meta.max_parallelism,
+            write,
+            stats={
+                "input_format": str(inp.format),
+                "input_files": len(inp.meta.files),
+                "target_file_bytes": file_bytes,
+            },
+            finish=finish,
         )
-        crash_point("compaction.after_tasks")
-        op_files = out.copy_operator_state(src, meta)
-        out_record = out.commit(out.metadata(meta, outputs, op_files), outputs)
-    crash_point("compaction.after_complete")
-    released = release_chain(catalog, record, out_record.id, ctx.tag) if release else None
-    files_out = sum(len(o.files) for o in outputs)
-    return JobResult(
-        output_snapshot_id=out_record.id,
-        rows_in=sum(o.rows_in for o in outputs),
-        rows_out=sum(o.rows_out for o in outputs),
-        bytes_in=sum(o.bytes_in for o in outputs),
-        bytes_out=out_record.bytes,
-        stats={
-            **base_stats,
-            "output_files": files_out,
-            "tasks": len(ranges),
-            "output_checkpoint_id": out_record.checkpoint_id,
-            "output_location": out_record.location,
-            "release": released,
-        },
+
+    return rewrite_run(
+        catalog, ctx, snapshot, reads=(SnapshotFormat.DELTA, SnapshotFormat.CANONICAL), plan=plan
     )

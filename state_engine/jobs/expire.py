@@ -1,35 +1,13 @@
 """Expire: retention of a job's checkpoints (and of savepoints the user names), files included.
 
-Which checkpoints go (Iceberg's ``expire_snapshots`` rule): the COMPLETED checkpoints that are not
-among the newest ``retain_last`` and (with ``older_than``) completed before the cut-off. The latest
-COMPLETED checkpoint always stays; a rule that selects every completed checkpoint is refused with
-RetentionRemovesEverything before anything changes. Savepoints belong to the user: only the ones
-named in ``savepoints`` (by snapshot id or directory name) go.
-
-Under the job's file lease (see :mod:`state_engine.jobs.deletion`): the selected snapshots become
-DISCARDED (which drops their references), then every file of the job the catalog calls releasable
-(no PENDING or COMPLETED snapshot references it; re-checked inside ``forget_files``) is forgotten
-and deleted, then the emptied ``chk-<n>/`` and savepoint directories are removed.
-
-A running job's next checkpoint is safe. It reuses files of the checkpoints it wrote itself (a
-delta chain, RocksDB SSTs), and the newest of those need not be the catalog's latest (a
-compaction's output may be newer; an overlapping checkpoint may extend an older chain). So
-while a run holds the job's writer lease, the files of the expired checkpoints it wrote are
-left to the job (reported as ``files_deferred_to_running_job``): its own retention deletes them
-once it no longer builds on them, or the next expire after it stopped. Should a file a job
-reuses be gone anyway (a job run without the lease), the catalog refuses that checkpoint
-(ReusedFileMissing) and the job writes its next one in full. ``dry_run`` computes the same
-selection and files and changes nothing.
-
-Stale commits (``abort_pending_older_than``): a PENDING snapshot begun before that cut-off is a
-commit whose writer died (a killed job, a lost Spark driver; Flink too aborts a checkpoint that
-outlives its timeout). While it is PENDING its files stay pinned and orphan cleanup leaves the
-job's ``shared/`` alone. Under the lease it goes PENDING -> FAILED by compare-and-swap (a writer
-that completes it first wins, and it stays), which releases its attached files to the deletion
-below; files it wrote but never attached are orphan cleanup's from then on.
-
-Spark is not needed for this catalog and file-deletion work; ``spark`` is used only to spread a
-very large deletion (see ``deletion.delete_urls``), so it may be None.
+Iceberg's ``expire_snapshots`` rule: the COMPLETED checkpoints not among the newest
+``retain_last`` and (with ``older_than``) completed before the cut-off; the latest always stays.
+Under the job's file lease (:mod:`state_engine.maintenance.deletion`) they are DISCARDED, then the
+files the catalog calls releasable are forgotten and deleted. Files of expired checkpoints that
+the job's running writer wrote are left to it (it may build on them still). Stale PENDING
+commits (``abort_pending_older_than``) are failed by compare-and-swap, a writer that completes
+first wins. ``spark`` only spreads a very large deletion (:mod:`state_engine.jobs.spark_delete`)
+and may be None. The rules in full are in the docs (retention).
 """
 
 from __future__ import annotations
@@ -50,9 +28,9 @@ from state_engine.errors import (
     RetentionRemovesEverything,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs import deletion
-from state_engine.jobs.deletion import (
-    SPARK_MIN_FILES,
+from state_engine.jobs.spark_delete import SPARK_MIN_FILES, spark_deleter
+from state_engine.jobs.spark_job import maintenance_job
+from state_engine.maintenance.deletion import (
     THREADS,
     FileLease,
     as_aware,
@@ -63,8 +41,8 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
-from state_engine.jobs.job_storage import storage_for
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.maintenance.job_storage import storage_for
+from state_engine.maintenance.run import JobResult, RunContext
 from state_engine.snapshot.storage import remove_empty_dirs
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
@@ -320,9 +298,7 @@ def run(
                 "files_deferred_to_running_job": len(deferred),
                 "files_deleted": 0,
                 "bytes_deleted": 0,
-                "would_delete": deletion.limited(
-                    [{"path": p, "size": n} for p, n in sorted(files.items())]
-                ),
+                "would_delete": limited([{"path": p, "size": n} for p, n in sorted(files.items())]),
             }
         )
     with FileLease(catalog, job, KIND, ctx.run_id, wait=wait_s) as lease:
@@ -338,7 +314,10 @@ def run(
         deferred &= found.keys()
         files = {p: n for p, n in found.items() if p not in deferred}
         done = forget_and_delete(
-            catalog, lease, files, spark=spark, spark_min_files=spark_min_files, threads=threads
+            catalog,
+            lease,
+            files,
+            delete=spark_deleter(spark, spark_min_files=spark_min_files, threads=threads),
         )
         pending = [s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)]
         gone = [*expired, *aborted]

@@ -19,7 +19,8 @@ Why that is enough: storage is listed first and the catalog read after. A file i
 existed before that read, and every file is written after its snapshot began, so its snapshot
 was already PENDING (or further) when the catalog was read: either it is protected above or its
 files are known. Under the job's file lease the catalog is read once more right before deleting,
-and the files are forgotten under the lease's token first (see :mod:`state_engine.jobs.deletion`).
+and the files are forgotten under the lease's token first (see
+:mod:`state_engine.maintenance.deletion`).
 
 Listing is ``CheckpointStorage.list_files`` (fsspec ``find``) on the driver: one listing call per
 directory level is cheap next to Spark's job start. ``spark`` is used only for very large deletes.
@@ -35,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
 from state_engine.faults import crash_point
-from state_engine.jobs.deletion import (
-    SPARK_MIN_FILES,
+from state_engine.jobs.spark_delete import SPARK_MIN_FILES, spark_deleter
+from state_engine.jobs.spark_job import maintenance_job
+from state_engine.maintenance.deletion import (
     THREADS,
     FileLease,
     forget_and_delete,
@@ -46,8 +48,8 @@ from state_engine.jobs.deletion import (
     resolve_job,
     wait_seconds,
 )
-from state_engine.jobs.job_storage import storage_for
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.maintenance.job_storage import storage_for
+from state_engine.maintenance.run import JobResult, RunContext
 from state_engine.snapshot.storage import (
     METADATA_FILE,
     SHARED_DIR,
@@ -220,9 +222,7 @@ def run(
             catalog,
             lease,
             plan.orphans,
-            spark=spark,
-            spark_min_files=spark_min_files,
-            threads=threads,
+            delete=spark_deleter(spark, spark_min_files=spark_min_files, threads=threads),
         )
         crash_point("orphan_cleanup.after_delete")
         pending = [s.location for s in catalog.list_snapshots(job, status=SnapshotStatus.PENDING)]

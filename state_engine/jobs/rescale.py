@@ -1,45 +1,18 @@
 """Rescale: a snapshot of a job for a new parallelism, and optionally a new max parallelism.
 
-Same max parallelism (``max_parallelism`` omitted or unchanged): a metadata-only plan. The output
-is a new CHECKPOINT whose ``_metadata`` assigns the input's existing files to the new subtasks'
-key-group ranges (a file that straddles two new ranges is listed under both; a restore reads only
-the row groups of its range through the key-group index). Nothing keyed is read or rewritten: the
-files stay where they are (``../chk-<n>/...`` or ``../shared/...`` from the new directory) and are
-attached as shared, so the catalog keeps them while either snapshot needs them. Operator state is
-redistributed by mode into small new files. Only canonical checkpoints of the job's own storage
-qualify: a delta chain is compacted first (the compaction job), and a native RocksDB snapshot is
-refused with the advice to take a canonical savepoint first (its DB files cannot be cut by key
-group without opening them; Flink's way, pointing new subtasks at overlapping DBs, would make the
-rescaled snapshot depend on the native layout forever). A savepoint input is refused too: a
-checkpoint must not depend on a directory the user owns; a canonical savepoint restores at any
-parallelism as it is.
-
-New max parallelism (1..32768, >= parallelism): two waves of Spark tasks. In the first, one task
-per input range reads the live canonical rows (canonical, delta folded, or native via rocksdict),
-computes the new key group from ``key_hash`` alone (``murmur(key_hash) % new_max_p``, vectorised;
-no key is deserialized), sorts the rows it holds (up to ``SPILL_RUN_BYTES``) by the new key group
-and spills them as uncompressed Arrow IPC, one file per destination write range, under the
-PENDING output's ``_spill/``. In the second, one task per new write range memory-maps its runs
-(each already sorted) and writes them canonical merged by key group, as zero-copy slices; the
-spill is removed before the commit. When the input is plain (canonical or delta, one keyed
-operator) and small enough per task (``DIRECT_GROUP_BYTES``), one wave does it all instead: about
-one task per core, each reading the whole input, keeping its consecutive destination ranges' rows
-by a vectorised mask and writing them directly: reading the input a few times costs less than
-writing, reading and deleting the spill.
-(Shuffling the rows through Spark instead moved every binary column through the JVM twice and
-ran at about half the speed.) The output is a SAVEPOINT (self-contained) by
-default; then the job's max parallelism is recorded in the catalog (``set_job_max_parallelism``),
-after which only snapshots of the new max parallelism can be restored by the job.
-
-Operator state, by mode: SPLIT lists are concatenated and split evenly; BROADCAST is copied to
-every new subtask; UNION lists are kept once each, assigned to new subtasks in order, so that the
-union a restore forms is exactly the old one (copying the union to every subtask would multiply
-it at the next restore).
+Same max parallelism: a metadata-only CHECKPOINT, whose ``_metadata`` assigns the input's
+canonical files (reused where they are, attached as shared) to the new subtasks' ranges; only
+operator state is rewritten. New max parallelism: rows re-bucketed by ``key_hash`` alone (no key
+is deserialized) into a new SAVEPOINT, in two waves of tasks through an Arrow IPC spill under the
+output's ``_spill/``, or, for a small plain input, in one wave that reads the input once per task
+(cheaper than writing, reading and deleting the spill; shuffling through Spark ran at about half
+the speed). Afterwards the job's max parallelism is the new one. UNION operator state is kept
+once per list, so that the union a restore forms is exactly the old one. The rules in full are in
+the docs (rescaling).
 """
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,34 +25,30 @@ from state_engine.backends.operator_state import (
     group_by_subtask,
     redistribute,
 )
-from state_engine.catalog import Catalog
+from state_engine.catalog import Catalog, SnapshotRecord
 from state_engine.checkpoint_dirs import is_checkpoint_dir
 from state_engine.errors import InvalidJobParams, InvalidParallelism, SnapshotNotUsable
 from state_engine.faults import crash_point
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    plan_write_ranges,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.deletion import FileLease
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import OutputSnapshot, output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
 from state_engine.jobs.snapshot_read import (
     native_subtask_batches,
-    open_source,
     plan_read_ranges,
     range_batches,
 )
 from state_engine.jobs.spark import min_tasks
+from state_engine.jobs.spark_job import maintenance_job
 from state_engine.keygroups import (
     UPPER_BOUND_MAX_PARALLELISM,
     compute_key_group_range_for_operator_index,
     key_groups_for_hashes,
 )
+from state_engine.maintenance.deletion import FileLease
+from state_engine.maintenance.inputs import InputSnapshot, resolve_input
+from state_engine.maintenance.output import OutputSnapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange, plan_write_ranges
+from state_engine.maintenance.rewrite import Rewrite, Written, rewrite_run
+from state_engine.maintenance.run import JobResult, RunContext
+from state_engine.maintenance.source import open_source
 from state_engine.snapshot.canonical import (
     KEYED_SCHEMA,
     KeyGroupStats,
@@ -492,8 +461,7 @@ def rebucket(
     row_group_bytes: int | None,
 ) -> tuple[SnapshotMetadata, list[RangeOutput], int, int]:
     """Re-bucket every keyed operator into the output (two task waves, see module docstring)."""
-    sizing = {"row_group_bytes": int(row_group_bytes)} if row_group_bytes else {}
-    target = out.target(**sizing)
+    target = out.target(row_group_bytes=row_group_bytes)
     read_ranges, native = plan_read_ranges(meta, tasks)
     new_max = out.record.max_parallelism
     url, kind = src.url, record.kind
@@ -588,75 +556,79 @@ def run(
             "a rescale at the same max parallelism is a checkpoint over the input's files; a "
             "savepoint must hold its own files: take it with the savepoint job instead"
         )
+
+    def plan(inp: InputSnapshot) -> Rewrite:
+        if same and inp.record.kind is not SnapshotKind.CHECKPOINT:
+            raise SnapshotNotUsable(
+                f"snapshot {inp.record.id} is a savepoint; a checkpoint must not depend on files "
+                "the user owns: restore the savepoint at the new parallelism directly (canonical "
+                "snapshots read at any parallelism), or rescale a checkpoint"
+            )
+
+        def write(out: OutputSnapshot) -> Written:
+            if same:
+                meta, outputs = metadata_only(
+                    catalog, inp.record, inp.snapshot, inp.meta, out, new_p
+                )
+                rows_in, bytes_in = inp.record.entries, 0
+            else:
+                meta, outputs, rows_in, bytes_in = rebucket(
+                    spark,
+                    inp.snapshot,
+                    inp.record,
+                    inp.meta,
+                    out,
+                    new_p,
+                    min_tasks(spark, tasks),
+                    row_group_bytes,
+                )
+            written = [f for f in meta.files if not f.shared]
+            stats = {
+                "files_reused": sum(1 for f in meta.files if f.shared),
+                "files_written": len(written),
+                "output_kind": out.kind,
+            }
+            return Written(
+                outputs,
+                meta=meta,
+                rows_in=rows_in,
+                bytes_in=bytes_in,
+                bytes_out=sum(f.size for f in written),
+                stats=stats,
+            )
+
+        def finish(output: SnapshotRecord, *, recovered: bool) -> dict[str, Any]:
+            if not recovered:
+                crash_point("rescale.after_complete")
+            if not same:
+                catalog.set_job_max_parallelism(record.job, new_max)
+            return {}
+
+        return Rewrite(
+            SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
+            new_p,
+            new_max,
+            write,
+            stats={
+                "input_format": str(inp.format),
+                "from_parallelism": inp.meta.parallelism,
+                "to_parallelism": new_p,
+                "from_max_parallelism": inp.meta.max_parallelism,
+                "to_max_parallelism": new_max,
+                "metadata_only": same,
+            },
+            savepoint_dir=None if same else savepoint_dir,
+            finish=finish,
+        )
+
     # A metadata-only rescale makes a new checkpoint over the source's files: hold the job's
     # file lease from reading the source until those files are attached to the new snapshot, so
     # neither the running job's release nor expire/orphan cleanup can delete them in between.
-    lease = (
-        FileLease(catalog, record.job, KIND, ctx.run_id, wait=LEASE_WAIT_S)
-        if same
-        else contextlib.nullcontext()
-    )
-    with lease:
-        inp = load_input(
-            catalog,
-            snapshot,
-            allow=(SnapshotFormat.CANONICAL,)
-            if same
-            else (SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
-        )
-        source, src, meta = inp.record, inp.snapshot, inp.meta
-        if same and source.kind is not SnapshotKind.CHECKPOINT:
-            raise SnapshotNotUsable(
-                f"snapshot {source.id} is a savepoint; a checkpoint must not depend on files the "
-                "user owns: restore the savepoint at the new parallelism directly (canonical "
-                "snapshots read at any parallelism), or rescale a checkpoint"
-            )
-        base_stats: dict[str, Any] = {
-            "input_format": str(inp.format),
-            "from_parallelism": meta.parallelism,
-            "to_parallelism": new_p,
-            "from_max_parallelism": meta.max_parallelism,
-            "to_max_parallelism": new_max,
-            "metadata_only": same,
-        }
-        with output_snapshot(
-            catalog,
-            record.job,
-            tag=ctx.tag,
-            settings=ctx.settings,
-            kind=SnapshotKind.CHECKPOINT if same else (kind or SnapshotKind.SAVEPOINT),
-            parallelism=new_p,
-            max_parallelism=new_max,
-            savepoint_dir=None if same else savepoint_dir,
-        ) as out:
-            if out.recovered:
-                if not same:
-                    catalog.set_job_max_parallelism(record.job, new_max)
-                return out.recovered_result(base_stats)
-            rows_in, bytes_in = source.entries, 0
-            if same:
-                new_meta, outputs = metadata_only(catalog, source, src, meta, out, new_p)
-            else:
-                new_meta, outputs, rows_in, bytes_in = rebucket(
-                    spark, src, source, meta, out, new_p, min_tasks(spark, tasks), row_group_bytes
-                )
-            out_record = out.commit(new_meta, outputs)
-    crash_point("rescale.after_complete")
-    if not same:
-        catalog.set_job_max_parallelism(record.job, new_max)
-    written = [f for f in new_meta.files if not f.shared]
-    return JobResult(
-        output_snapshot_id=out_record.id,
-        rows_in=rows_in,
-        rows_out=out_record.entries,
-        bytes_in=bytes_in,
-        bytes_out=sum(f.size for f in written),
-        stats={
-            **base_stats,
-            "files_reused": sum(1 for f in new_meta.files if f.shared),
-            "files_written": len(written),
-            "output_checkpoint_id": out_record.checkpoint_id,
-            "output_location": out_record.location,
-            "output_kind": out_record.kind,
-        },
+    return rewrite_run(
+        catalog,
+        ctx,
+        snapshot,
+        reads=(SnapshotFormat.CANONICAL,) if same else tuple(SnapshotFormat),
+        plan=plan,
+        hold=FileLease(catalog, record.job, KIND, ctx.run_id, wait=LEASE_WAIT_S) if same else None,
     )

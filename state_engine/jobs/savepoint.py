@@ -18,30 +18,28 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from state_engine.catalog import Catalog
 from state_engine.faults import crash_point
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.expiry import Thresholds, expired_mask, thresholds_for
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
 from state_engine.jobs.snapshot_read import (
     native_subtask_batches,
-    open_source,
     plan_read_ranges,
     range_batches,
 )
-from state_engine.jobs.spark import check_reachable, min_tasks
+from state_engine.jobs.spark import min_tasks
+from state_engine.jobs.spark_job import maintenance_job
+from state_engine.maintenance.expiry import Thresholds, expired_mask, thresholds_for
+from state_engine.maintenance.inputs import InputSnapshot, resolve_input
+from state_engine.maintenance.output import OutputSnapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange
+from state_engine.maintenance.reachable import check_reachable
+from state_engine.maintenance.rewrite import Rewrite, Written, rewrite_run
+from state_engine.maintenance.run import JobResult, RunContext
+from state_engine.maintenance.source import open_source
 from state_engine.snapshot.canonical import arrow_array
 from state_engine.snapshot.metadata import SnapshotMetadata
 from state_engine.snapshot.storage import ReadStats
@@ -109,68 +107,50 @@ def run(
     row_group_bytes: int | None = None,
 ) -> JobResult:
     """Capture snapshot ``snapshot`` as a canonical SAVEPOINT (expired entries dropped if asked)."""
-    inp = load_input(
-        catalog,
-        snapshot,
-        allow=(SnapshotFormat.CANONICAL, SnapshotFormat.DELTA, SnapshotFormat.NATIVE),
-    )
-    record, src, meta = inp.record, inp.snapshot, inp.meta
-    if savepoint_dir is not None and "://" in savepoint_dir:
-        check_reachable(savepoint_dir)
-    drop = at is not None or watermark is not None
-    thresholds, skipped = (
-        # without ``at`` nothing of a processing-time state expires (no entry is <= INT64_MIN)
-        thresholds_for(meta, int(at) if at is not None else -(1 << 63), watermark)
-        if drop
-        else ({}, {})
-    )
-    base_stats: dict[str, Any] = {
-        "input_format": str(inp.format),
-        "input_kind": record.kind,
-        "at": at,
-        "watermark": watermark,
-        "skipped_states": skipped,
-    }
-    with output_snapshot(
-        catalog,
-        record.job,
-        tag=ctx.tag,
-        settings=ctx.settings,
-        kind=SnapshotKind.SAVEPOINT,
-        parallelism=meta.parallelism,
-        max_parallelism=meta.max_parallelism,
-        savepoint_dir=savepoint_dir,
-    ) as out:
-        if out.recovered:
-            return out.recovered_result(base_stats)
-        sizing = {"row_group_bytes": int(row_group_bytes)} if row_group_bytes else {}
-        target = out.target(**sizing)
-        ranges, native = plan_read_ranges(meta, min_tasks(spark, tasks))
-        url, kind = src.url, record.kind
-        outputs = run_range_tasks(
-            spark,
-            ranges,
-            lambda wr: capture_range(
-                url, kind, meta, target, thresholds, wr.operator in native, wr
-            ),
+
+    def plan(inp: InputSnapshot) -> Rewrite:
+        if savepoint_dir is not None and "://" in savepoint_dir:
+            check_reachable(savepoint_dir)
+        drop = at is not None or watermark is not None
+        thresholds, skipped = (
+            # without ``at`` nothing of a processing-time state expires (no entry is <= INT64_MIN)
+            thresholds_for(inp.meta, int(at) if at is not None else -(1 << 63), watermark)
+            if drop
+            else ({}, {})
         )
-        crash_point("savepoint.after_tasks")
-        op_files = out.copy_operator_state(src, meta)
-        out_record = out.commit(out.metadata(meta, outputs, op_files), outputs)
-    dropped: Counter[str] = Counter()
-    for o in outputs:
-        dropped.update({f"{o.range.operator}/{s}": n for s, n in o.extra["dropped"].items()})
-    return JobResult(
-        output_snapshot_id=out_record.id,
-        rows_in=sum(o.rows_in for o in outputs),
-        rows_out=sum(o.rows_out for o in outputs),
-        bytes_in=sum(o.bytes_in for o in outputs),
-        bytes_out=out_record.bytes,
-        stats={
-            **base_stats,
-            "dropped": dict(dropped),
-            "tasks": len(ranges),
-            "output_checkpoint_id": out_record.checkpoint_id,
-            "output_location": out_record.location,
-        },
-    )
+
+        def write(out: OutputSnapshot) -> Written:
+            target = out.target(row_group_bytes=row_group_bytes)
+            ranges, native = plan_read_ranges(inp.meta, min_tasks(spark, tasks))
+            url, kind, meta = inp.url, inp.record.kind, inp.meta
+            outputs = run_range_tasks(
+                spark,
+                ranges,
+                lambda wr: capture_range(
+                    url, kind, meta, target, thresholds, wr.operator in native, wr
+                ),
+            )
+            crash_point("savepoint.after_tasks")
+            dropped: Counter[str] = Counter()
+            for o in outputs:
+                dropped.update(
+                    {f"{o.range.operator}/{s}": n for s, n in o.extra["dropped"].items()}
+                )
+            return Written(outputs, tasks=len(ranges), stats={"dropped": dict(dropped)})
+
+        return Rewrite(
+            SnapshotKind.SAVEPOINT,
+            inp.meta.parallelism,
+            inp.meta.max_parallelism,
+            write,
+            stats={
+                "input_format": str(inp.format),
+                "input_kind": inp.record.kind,
+                "at": at,
+                "watermark": watermark,
+                "skipped_states": skipped,
+            },
+            savepoint_dir=savepoint_dir,
+        )
+
+    return rewrite_run(catalog, ctx, snapshot, reads=tuple(SnapshotFormat), plan=plan)

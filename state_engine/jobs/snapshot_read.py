@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state_engine.errors import CorruptMetadata
-from state_engine.jobs.canonical_write import WriteRange, plan_write_ranges
 from state_engine.keygroups import KeyGroupRange
+from state_engine.maintenance.ranges import WriteRange, plan_write_ranges
 from state_engine.snapshot.canonical import (
     KEYED_SCHEMA,
     arrow_array,
@@ -40,25 +40,9 @@ from state_engine.snapshot.metadata import (
     SnapshotMetadata,
 )
 from state_engine.snapshot.storage import ReadStats, SnapshotDir
-from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 _GROUP = ("key_group", "key", "namespace", "state")
 _BATCH_ROWS = 16384
-
-
-def open_source(url: str, kind: str) -> SnapshotDir:
-    # a savepoint never reaches outside its directory, so it is opened without shared access
-    return SnapshotDir.from_url(url, allow_shared=kind != SnapshotKind.SAVEPOINT)
-
-
-def snapshot_format(meta: SnapshotMetadata) -> SnapshotFormat:
-    """The format the files say (a native checkpoint written by heap backends is canonical)."""
-    kinds = {f.kind for f in meta.files}
-    if kinds & NATIVE_KINDS:
-        return SnapshotFormat.NATIVE
-    if FileKind.DELTA in kinds:
-        return SnapshotFormat.DELTA
-    return SnapshotFormat.CANONICAL
 
 
 def split_chain(

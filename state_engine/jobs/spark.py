@@ -1,9 +1,6 @@
-"""The SparkSession the maintenance jobs run on, and how storage URLs look to Spark.
+"""The SparkSession the maintenance jobs run on: its settings, its name, its master.
 
-Statekeeper addresses storage with fsspec URLs; Spark reads through Hadoop file systems. The two
-agree on ``file://``, ``gs://`` and ``hdfs://``; S3 is ``s3a://`` on the Hadoop side. Storage that
-lives inside one Python process (``memory://``) or whose scheme Hadoop does not know cannot be
-reached by Spark's executors at all, and is refused up front instead of failing in a task.
+Which storage URLs its executors reach is :mod:`state_engine.maintenance.reachable`.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import os
 import re
 import socket
 import sys
-from pathlib import Path
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 from state_engine.config import Settings
@@ -21,7 +18,6 @@ from state_engine.errors import (
     ConfigurationError,
     InvalidJobParams,
     SparkMasterUnreachable,
-    StorageNotReachableFromSpark,
 )
 
 if TYPE_CHECKING:
@@ -31,40 +27,6 @@ APP_NAME = "statekeeper-maintenance"
 # Spark's default split size: a shuffle partition of this much data keeps a task busy for seconds,
 # not milliseconds, and still fits an executor's memory comfortably.
 TARGET_PARTITION_BYTES = 128 << 20
-_SCHEMES = {"file": "file", "s3": "s3a", "s3a": "s3a", "s3n": "s3a", "gs": "gs", "hdfs": "hdfs"}
-_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def spark_url(url: str) -> str:
-    """The URL under which Spark (Hadoop file systems) reaches the fsspec URL ``url``.
-
-    ``file://`` stays, ``s3://`` becomes ``s3a://``, ``gs://`` and ``hdfs://`` stay, a plain path
-    becomes an absolute ``file://`` URL. Anything else raises StorageNotReachableFromSpark.
-    """
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigurationError(
-            f"storage URL {url!r} is empty; use e.g. 'file:///var/lib/checkpoints' or "
-            "'s3://bucket/checkpoints'"
-        )
-    match = _SCHEME_RE.match(url)
-    if match is None:
-        return Path(url).expanduser().resolve().as_uri()
-    scheme = match.group(1).lower()
-    target = _SCHEMES.get(scheme)
-    if target is None:
-        raise StorageNotReachableFromSpark(
-            f"storage URL {url!r} uses scheme {scheme!r}, which Spark's executors cannot reach"
-            + (" (it lives inside one Python process)" if scheme == "memory" else "")
-            + "; keep checkpoints on a shared file system or object store Spark can open: "
-            "file:// (local mode or a shared mount), s3:// (read as s3a://), gs:// or hdfs://"
-        )
-    return target + url[match.end(1) :]
-
-
-def check_reachable(url: str) -> str:
-    """``spark_url`` for its error; returns the URL unchanged for fsspec use."""
-    spark_url(url)
-    return url
 
 
 def app_name(
@@ -229,3 +191,20 @@ def build_spark(
     session: SparkSession = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def quiet_spark_conf() -> dict[str, str]:
+    """Spark conf that keeps the driver's log4j below ERROR (no WARN lines around the table)."""
+    path = os.path.join(tempfile.gettempdir(), "statekeeper-log4j2-quiet.properties")
+    if not os.path.exists(path):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(
+                "rootLogger.level = error\n"
+                "rootLogger.appenderRef.stderr.ref = console\n"
+                "appender.console.type = Console\n"
+                "appender.console.name = console\n"
+                "appender.console.target = SYSTEM_ERR\n"
+                "appender.console.layout.type = PatternLayout\n"
+                "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n\n"
+            )
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}"}

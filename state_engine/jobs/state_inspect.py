@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog
-from state_engine.jobs.inputs import InputSnapshot, load_input
-from state_engine.jobs.snapshot_read import open_source
-from state_engine.jobs.state_decode import (
+from state_engine.maintenance.inputs import InputSnapshot, load_input
+from state_engine.maintenance.source import open_source
+from state_engine.maintenance.state_decode import (
     COLUMNS,
     StateDecoder,
     decoder_specs,

@@ -7,40 +7,36 @@ Without a watermark, event-time states are copied unchanged; states without TTL 
 
 No shuffle: one Spark task per write range reads that range's row groups of the input through
 the key-group index, drops expired rows and writes the kept ones with ``CanonicalWriter``; the
-driver copies operator state and commits (``jobs.output``). The input is never modified.
+driver copies operator state and commits (``maintenance.rewrite``). The input is never modified.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from state_engine.catalog import Catalog
-from state_engine.jobs.canonical_write import (
-    RangeOutput,
-    TargetSpec,
-    WriteRange,
-    plan_write_ranges,
-    run_range_tasks,
-    write_range,
-)
-from state_engine.jobs.expiry import Thresholds, expired_mask, thresholds_for
-from state_engine.jobs.inputs import load_input, resolve_input
-from state_engine.jobs.output import output_snapshot
-from state_engine.jobs.run import JobResult, RunContext, maintenance_job
+from state_engine.jobs.canonical_write import run_range_tasks, write_range
 from state_engine.jobs.spark import min_tasks
+from state_engine.jobs.spark_job import maintenance_job
+from state_engine.maintenance.expiry import Thresholds, expired_mask, thresholds_for
+from state_engine.maintenance.inputs import InputSnapshot, resolve_input
+from state_engine.maintenance.output import OutputSnapshot
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec, WriteRange, plan_write_ranges
+from state_engine.maintenance.rewrite import Rewrite, Written, rewrite_run
+from state_engine.maintenance.run import JobResult, RunContext
 from state_engine.snapshot.canonical import (
     arrow_array,
     read_key_groups,
 )
 from state_engine.snapshot.metadata import SnapshotMetadata
 from state_engine.snapshot.storage import ReadStats, SnapshotDir
-from state_engine.snapshot_enums import SnapshotKind
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -90,6 +86,20 @@ def clean_range(
     )
 
 
+def _per_state(outputs: Sequence[RangeOutput]) -> dict[str, Any]:
+    """Rows kept and dropped, per ``operator/state`` and in all."""
+    kept: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    for o in outputs:
+        kept.update({f"{o.range.operator}/{s}": n for s, n in o.extra["kept"].items()})
+        dropped.update({f"{o.range.operator}/{s}": n for s, n in o.extra["dropped"].items()})
+    per_state = {
+        s: {"kept": kept.get(s, 0), "dropped": dropped.get(s, 0)}
+        for s in sorted(set(kept) | set(dropped))
+    }
+    return {"states": per_state, "dropped": sum(dropped.values()), "kept": sum(kept.values())}
+
+
 @maintenance_job(KIND, resolve_input)
 def run(
     spark: SparkSession,
@@ -106,58 +116,32 @@ def run(
     row_group_bytes: int | None = None,
 ) -> JobResult:
     """Drop expired entries of snapshot ``snapshot`` into a new CHECKPOINT or SAVEPOINT."""
-    inp = load_input(catalog, snapshot)
-    now = int(time.time() * 1000) if at is None else int(at)
-    thresholds, skipped = thresholds_for(inp.meta, now, watermark)
-    base_stats: dict[str, Any] = {"at": now, "watermark": watermark, "skipped_states": skipped}
-    with output_snapshot(
-        catalog,
-        inp.record.job,
-        tag=ctx.tag,
-        settings=ctx.settings,
-        kind=kind,
-        parallelism=inp.meta.parallelism,
-        max_parallelism=inp.meta.max_parallelism,
-        savepoint_dir=savepoint_dir,
-    ) as out:
-        if out.recovered:
-            return out.recovered_result(base_stats)
-        sizing = {"row_group_bytes": row_group_bytes} if row_group_bytes else {}
-        target = out.target(**sizing)
-        ranges = plan_write_ranges(
-            inp.meta.max_parallelism,
+
+    def plan(inp: InputSnapshot) -> Rewrite:
+        now = int(time.time() * 1000) if at is None else int(at)
+        thresholds, skipped = thresholds_for(inp.meta, now, watermark)
+
+        def write(out: OutputSnapshot) -> Written:
+            target = out.target(row_group_bytes=row_group_bytes)
+            ranges = plan_write_ranges(
+                inp.meta.max_parallelism,
+                inp.meta.parallelism,
+                inp.keyed_operators,
+                min_tasks(spark, tasks),
+            )
+            source_url, meta = inp.url, inp.meta
+            outputs = run_range_tasks(
+                spark, ranges, lambda wr: clean_range(source_url, meta, target, thresholds, wr)
+            )
+            return Written(outputs, tasks=len(ranges), stats=_per_state(outputs))
+
+        return Rewrite(
+            kind,
             inp.meta.parallelism,
-            inp.keyed_operators,
-            min_tasks(spark, tasks),
+            inp.meta.max_parallelism,
+            write,
+            stats={"at": now, "watermark": watermark, "skipped_states": skipped},
+            savepoint_dir=savepoint_dir,
         )
-        source_url, meta = inp.url, inp.meta
-        outputs = run_range_tasks(
-            spark, ranges, lambda wr: clean_range(source_url, meta, target, thresholds, wr)
-        )
-        op_files = out.copy_operator_state(inp.snapshot, inp.meta)
-        record = out.commit(out.metadata(inp.meta, outputs, op_files), outputs)
-    kept: Counter[str] = Counter()
-    dropped: Counter[str] = Counter()
-    for o in outputs:
-        kept.update({f"{o.range.operator}/{s}": n for s, n in o.extra["kept"].items()})
-        dropped.update({f"{o.range.operator}/{s}": n for s, n in o.extra["dropped"].items()})
-    per_state = {
-        s: {"kept": kept.get(s, 0), "dropped": dropped.get(s, 0)}
-        for s in sorted(set(kept) | set(dropped))
-    }
-    return JobResult(
-        output_snapshot_id=record.id,
-        rows_in=sum(o.rows_in for o in outputs),
-        rows_out=sum(o.rows_out for o in outputs),
-        bytes_in=sum(o.bytes_in for o in outputs),
-        bytes_out=record.bytes,
-        stats={
-            **base_stats,
-            "states": per_state,
-            "dropped": sum(dropped.values()),
-            "kept": sum(kept.values()),
-            "tasks": len(ranges),
-            "output_checkpoint_id": record.checkpoint_id,
-            "output_location": record.location,
-        },
-    )
+
+    return rewrite_run(catalog, ctx, snapshot, reads=(SnapshotFormat.CANONICAL,), plan=plan)

@@ -23,7 +23,7 @@ from state_engine.keygroups import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
-from state_engine.maintenance_plan import delta_chain
+from state_engine.maintenance.plan import delta_chain
 from state_engine.snapshot.storage import CheckpointStorage
 from state_engine.state import ValueStateDescriptor
 from tests.airflow.sk_airflow_support import DAGS

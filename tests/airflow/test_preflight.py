@@ -152,7 +152,7 @@ def test_an_allow_listed_savepoint_dir_passes_the_checks(
     cat_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from state_engine.config import Settings
-    from state_engine.jobs.preflight import check_before_spark
+    from state_engine.maintenance.preflight import check_before_spark
 
     target = (tmp_path / "backups" / "sp-1").as_uri()
     with Catalog.open(cat_env["url"]) as cat:
@@ -172,9 +172,10 @@ def test_an_allow_listed_savepoint_dir_passes_the_checks(
 
 
 def test_a_retry_reads_the_input_snapshot_of_its_first_attempt(cat_env: dict[str, Any]) -> None:
-    from state_engine.jobs.inputs import resolve_input
-    from state_engine.jobs.preflight import check_before_spark
-    from state_engine.jobs.run import JobResult, maintenance_job
+    from state_engine.jobs.spark_job import maintenance_job
+    from state_engine.maintenance.inputs import resolve_input
+    from state_engine.maintenance.preflight import check_before_spark
+    from state_engine.maintenance.run import JobResult
 
     seen: list[int] = []
 

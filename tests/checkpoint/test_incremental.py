@@ -12,7 +12,7 @@ import pytest
 from state_engine.catalog import SnapshotRecord
 from state_engine.checkpoint.manager import CheckpointManager
 from state_engine.errors import InvalidSnapshotRequest
-from state_engine.maintenance_plan import DeltaChain, delta_chain
+from state_engine.maintenance.plan import DeltaChain, delta_chain
 from state_engine.snapshot.metadata import FileKind, read_metadata
 from tests.checkpoint.jobstate import apply, close, factory, make_job, observe
 

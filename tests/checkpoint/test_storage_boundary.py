@@ -149,7 +149,7 @@ def test_the_checkpoint_package_imports_nothing_heavy_and_still_exports_its_name
 
 
 def test_spark_executors_deleting_files_import_storage_only(tmp_path: Path) -> None:
-    from state_engine.jobs.deletion import executor_delete
+    from state_engine.jobs.spark_delete import executor_delete
 
     doomed = tmp_path / "doomed.bin"
     doomed.write_bytes(b"x")
@@ -164,7 +164,7 @@ def test_spark_executors_deleting_files_import_storage_only(tmp_path: Path) -> N
     assert not doomed.exists()
     assert STORAGE_MODULE in modules
     assert _heavy(modules) == []
-    assert "state_engine.jobs.deletion" not in modules
+    assert "state_engine.jobs.spark_delete" not in modules
 
 
 def test_storage_module_is_the_one_that_imports_fsspec() -> None:

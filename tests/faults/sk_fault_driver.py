@@ -101,7 +101,7 @@ class LazySpark:
 
 def run_maintenance(args: argparse.Namespace) -> dict[str, Any]:
     if args.lease_ttl is not None:
-        from state_engine.jobs import deletion
+        from state_engine.maintenance import deletion
 
         # A crashed deleter's lease blocks its retry until it expires: LEASE_TTL_S (120 s) in
         # production. The job has no TTL parameter, so the default of FileLease is shortened.

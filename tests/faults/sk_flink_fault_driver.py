@@ -21,7 +21,7 @@ def run_import(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_maintain(args: argparse.Namespace) -> dict[str, Any]:
     if args.lease_ttl is not None:
-        from state_engine.jobs import deletion
+        from state_engine.maintenance import deletion
 
         # as sk_fault_driver: a killed deleter's lease must expire before its retry can start
         defaults = deletion.FileLease.__init__.__kwdefaults__

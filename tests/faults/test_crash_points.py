@@ -42,7 +42,7 @@ from state_engine import faults
 from state_engine.catalog import Catalog
 from state_engine.errors import NotFound
 from state_engine.examples import fraud
-from state_engine.jobs.run import run_tag
+from state_engine.maintenance.run import run_tag
 from state_engine.runtime import FileSink
 from state_engine.verify import verify
 
@@ -200,7 +200,7 @@ def test_every_crash_point_in_the_engine_is_in_the_table_and_in_its_module() -> 
 
 
 def test_every_maintenance_job_is_killed_at_a_point_of_its_own() -> None:
-    # points in checkpoint.commit and jobs.deletion are shared; they do not count for a job
+    # points in checkpoint.commit and maintenance.deletion are shared; they do not count for a job
     kinds = {c.scenario.kind for c in CASES if isinstance(c.scenario, Maintenance)}
     assert kinds >= {"compaction", "savepoint", "rescale", "expire", "orphan_cleanup"}
     for kind in kinds:

@@ -187,7 +187,8 @@ def test_flink_crash_then_retry(
     left = sorted(str(p) for p in goes if p.exists())
     if left and case.name == "deletion.after_delete_one":
         # Killed between forgetting a batch and deleting it: the rest of the batch is unknown
-        # to the catalog now (by design, see state_engine.jobs.deletion); orphan cleanup takes it.
+        # to the catalog now (by design, see state_engine.maintenance.deletion); orphan cleanup
+        # takes it.
         with Catalog.open(catalog_url) as catalog:
             known = catalog.known_paths(JOB)
         assert not {f"file://{p}" for p in left} & known

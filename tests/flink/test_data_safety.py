@@ -29,7 +29,7 @@ from state_engine.errors import (
 from state_engine.flink.forget import forget_directory
 from state_engine.flink.import_job import import_flink
 from state_engine.flink.retention import run_maintenance
-from state_engine.jobs import deletion
+from state_engine.maintenance import deletion
 from state_engine.verify import verify
 
 from .conftest import JAVA_HASHMAP_JOB, JAVA_ROCKS_JOB, FlinkFixtures

@@ -8,9 +8,9 @@ from typing import Any
 from state_engine.backends.heap import HeapKeyedStateBackend
 from state_engine.backends.operator_state import OperatorStateBackend
 from state_engine.catalog import Catalog, SnapshotRecord
-from state_engine.jobs.canonical_write import RangeOutput, WriteRange
-from state_engine.jobs.output import begin_output
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.maintenance.output import begin_output
+from state_engine.maintenance.ranges import RangeOutput, WriteRange
 from state_engine.serde import StrSerializer
 from state_engine.snapshot.canonical import CanonicalWriter, write_operator_state
 from state_engine.snapshot.metadata import OperatorSnapshot, SnapshotMetadata

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from state_engine.errors import InvalidJobParams, SparkTaskFailed
-from state_engine.jobs.canonical_write import plan_write_ranges, run_range_tasks
+from state_engine.jobs.canonical_write import run_range_tasks
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.maintenance.ranges import plan_write_ranges
 
 
 @pytest.mark.parametrize("max_p,p,tasks", [(128, 1, 4), (128, 3, 4), (128, 3, 7), (7, 7, 100)])

@@ -15,10 +15,10 @@ from state_engine.catalog import Catalog
 from state_engine.checkpoint import CheckpointManager, HeapBackendFactory
 from state_engine.errors import InvalidJobParams, MaintenanceJobFailed
 from state_engine.jobs import compaction
-from state_engine.jobs.canonical_write import RangeOutput, WriteRange
-from state_engine.jobs.output import begin_output
 from state_engine.jobs.snapshot_read import fold_range
 from state_engine.keygroups import compute_key_group_range_for_operator_index
+from state_engine.maintenance.output import begin_output
+from state_engine.maintenance.ranges import RangeOutput, WriteRange
 from state_engine.runtime import (
     CollectedOutput,
     CollectSink,

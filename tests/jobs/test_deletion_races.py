@@ -33,8 +33,9 @@ from state_engine.errors import (
     StaleFencingToken,
 )
 from state_engine.faults import ENV_VAR as CRASH_AT
-from state_engine.jobs import deletion, expire, orphan_cleanup
-from state_engine.jobs.deletion import (  # type: ignore[attr-defined]  # deletion re-exports it
+from state_engine.jobs import expire, orphan_cleanup
+from state_engine.maintenance import deletion
+from state_engine.maintenance.deletion import (  # type: ignore[attr-defined]  # deletion re-exports it
     LEASE_TTL_S,
     file_lease_name,
 )

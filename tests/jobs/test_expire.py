@@ -14,7 +14,8 @@ from state_engine.errors import (
     NoSuchSnapshot,
     RetentionRemovesEverything,
 )
-from state_engine.jobs import deletion, expire
+from state_engine.jobs import expire
+from state_engine.maintenance import deletion
 from tests.jobs.deletiondata import (
     JOB,
     checkpoints,

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
+from state_engine.cli.maintain import register
 from state_engine.errors import InvalidJobParams, NoSuchSnapshot, SnapshotNotUsable
 from state_engine.jobs import __main__ as jobs_main
-from state_engine.jobs.commands import register
-from state_engine.jobs.inputs import load_input
-from state_engine.jobs.state_decode import decoder_specs, parse_key, read_plan, render
 from state_engine.jobs.state_inspect import show_rows, snapshot_frame
 from state_engine.keygroups import assign_to_key_group
+from state_engine.maintenance.inputs import load_input
+from state_engine.maintenance.state_decode import decoder_specs, parse_key, read_plan, render
 from state_engine.serde import IntSerializer, StrSerializer
 from tests.jobs.jobdata import OP, T0, TTL_MS, make_snapshot
 

@@ -45,5 +45,5 @@ def test_the_committer_imports_neither_spark_nor_the_manager_and_they_import_it(
     imported = _imports(ROOT / "checkpoint" / "commit.py")
     assert not [m for m in imported if m.startswith(("pyspark", "state_engine.jobs"))]
     assert not [m for m in imported if m.startswith("state_engine.checkpoint.manager")]
-    for user in ("checkpoint/manager.py", "checkpoint/restore.py", "jobs/output.py"):
+    for user in ("checkpoint/manager.py", "checkpoint/restore.py", "maintenance/output.py"):
         assert any(m.startswith("state_engine.checkpoint.commit") for m in _imports(ROOT / user))

@@ -11,7 +11,7 @@ from state_engine.cli import main as statectl_main
 from state_engine.errors import DeletionLeaseHeld, InvalidJobParams, NoSuchJob
 from state_engine.jobs import __main__ as jobs_main
 from state_engine.jobs import expire, orphan_cleanup
-from state_engine.jobs.deletion import file_lease_name  # type: ignore[attr-defined]  # re-exported
+from state_engine.maintenance.deletion import file_lease_name  # type: ignore[attr-defined]  # re-exported
 from tests.jobs.deletiondata import (
     JOB,
     checkpoints,

@@ -266,7 +266,7 @@ def test_a_metadata_only_rescale_waits_for_the_file_lease(
     """While a deleting job holds the job's file lease, the rescale does not read the source's
     files into a new checkpoint (they could be deleted under it): it waits, then gives up."""
     from state_engine.errors import DeletionLeaseTimeout
-    from state_engine.jobs.deletion import FileLease
+    from state_engine.maintenance.deletion import FileLease
 
     made = make_snapshot(catalog, storage)
     monkeypatch.setattr(rescale, "LEASE_WAIT_S", 0.0)

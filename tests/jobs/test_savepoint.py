@@ -250,8 +250,8 @@ def test_a_third_attempt_keeps_the_savepoint_the_second_committed_in_the_same_di
 def test_a_retry_after_a_crash_past_metadata_reuses_the_fixed_savepoint_dir(
     spark: Any, catalog: Catalog, tmp_path: Path
 ) -> None:
-    from state_engine.jobs.output import begin_output
-    from state_engine.jobs.run import run_tag
+    from state_engine.maintenance.output import begin_output
+    from state_engine.maintenance.run import run_tag
     from state_engine.snapshot.metadata import write_metadata
 
     storage = CheckpointStorage((tmp_path / "checkpoints").as_uri())

@@ -14,8 +14,8 @@ from state_engine.jobs.spark import (
     local_cores,
     shuffle_partitions_for,
     spark_conf,
-    spark_url,
 )
+from state_engine.maintenance.reachable import spark_url
 
 
 @pytest.mark.parametrize(

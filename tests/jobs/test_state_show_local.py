@@ -11,10 +11,10 @@ import pytest
 
 import state_engine.jobs.spark as spark_module
 from state_engine.catalog import Catalog
+from state_engine.cli.maintain import register
 from state_engine.errors import InvalidJobParams, SnapshotNotUsable
-from state_engine.jobs.commands import register
 from state_engine.jobs.state_inspect import show_rows
-from state_engine.jobs.state_local import plan_show, read_rows
+from state_engine.maintenance.state_local import plan_show, read_rows
 from state_engine.snapshot.storage import CheckpointStorage
 from tests.jobs.jobdata import make_snapshot
 

@@ -8,7 +8,7 @@ import pytest
 
 from state_engine.errors import MaintenanceJobFailed, SnapshotNotUsable
 from state_engine.jobs import ttl_cleanup
-from state_engine.jobs.output import OutputSnapshot
+from state_engine.maintenance.output import OutputSnapshot
 from state_engine.snapshot.canonical import read_entries, read_operator_state
 from state_engine.snapshot.metadata import read_metadata, verify
 from state_engine.snapshot.storage import SnapshotDir
@@ -134,8 +134,8 @@ def test_retry_after_a_failure_does_not_duplicate_output(spark, catalog, snapsho
 
 
 def test_a_crashed_attempt_is_cleaned_up_by_the_retry(spark, catalog, snapshot, storage):
-    from state_engine.jobs.output import begin_output
-    from state_engine.jobs.run import run_tag
+    from state_engine.maintenance.output import begin_output
+    from state_engine.maintenance.run import run_tag
 
     # an attempt that died after reserving its snapshot and writing a file
     dead = begin_output(

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pyarrow as pa
 from state_engine.snapshot.canonical import KEYED_SCHEMA, arrow_array, bool_values, int_values
-from state_engine.jobs import expiry, rescale, snapshot_read
+from state_engine.jobs import rescale, snapshot_read
+from state_engine.maintenance import expiry
 from state_engine.keygroups import key_groups_for_hashes
 
 n = 1000

@@ -3,7 +3,7 @@ key, namespace, user key and value shown as text (strings as is, other values as
 hex, a list element's user key as its position); and which files a request reads.
 
 Shared by ``state show`` on Spark (:mod:`state_engine.jobs.state_inspect`) and without it
-(:mod:`state_engine.jobs.state_local`), so both print the same rows.
+(:mod:`state_engine.maintenance.state_local`), so both print the same rows.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from state_engine.errors import InvalidJobParams, SerializationError
-from state_engine.jobs.inputs import InputSnapshot
 from state_engine.keygroups import assign_to_key_group
+from state_engine.maintenance.inputs import InputSnapshot
 from state_engine.serde import TypeSerializer, serializer_from_snapshot
 from state_engine.snapshot.metadata import SnapshotFile, SnapshotMetadata
 

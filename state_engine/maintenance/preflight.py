@@ -156,7 +156,7 @@ def _check_parallelism(params: dict[str, Any], record: SnapshotRecord) -> None:
 
 def allowed_roots(catalog: Catalog, job: str, settings: Settings) -> list[str]:
     """The URL prefixes a savepoint of ``job`` may be written under."""
-    from state_engine.jobs.job_storage import storage_for
+    from state_engine.maintenance.job_storage import storage_for
 
     roots = [storage_for(catalog, job, settings).url_of(), settings.checkpoint_root]
     roots.extend(settings.allowed_savepoint_dirs)
@@ -170,7 +170,7 @@ def _canonical_url(url: str) -> str:
 
 
 def _check_target_dir(catalog: Catalog, job: str, directory: Any, settings: Settings) -> None:
-    from state_engine.jobs.job_storage import storage_for
+    from state_engine.maintenance.job_storage import storage_for
 
     if not isinstance(directory, str) or not directory.strip():
         raise InvalidJobParams(
@@ -215,7 +215,7 @@ def check_inputs(
     if kind in WRITES_DIRS and params.get("savepoint_dir") is not None:
         _check_target_dir(catalog, str(job), params["savepoint_dir"], settings)
     if job is not None:
-        from state_engine.jobs.job_storage import storage_for
+        from state_engine.maintenance.job_storage import storage_for
 
         # an object store is probed when opened: an endpoint that is down, refused credentials
         # or a missing bucket are said now, not by a Spark task minutes later

@@ -1,12 +1,14 @@
 """The wrapper every maintenance job runs in: one recorded, retry-safe maintenance run.
 
-A job body is ``body(spark, catalog, ctx, **params) -> JobResult``; :func:`maintenance_job` turns
-it into ``run(spark, catalog, *, run_id=None, dag_id=None, airflow_run_id=None, **params) ->
+A job body is ``body(catalog, ctx, **params) -> JobResult``; :func:`recorded_run` turns it into
+``run(catalog, *, run_id=None, dag_id=None, airflow_run_id=None, settings=None, **params) ->
 report``. The run is recorded in the catalog with its params, input and output snapshots, rows
 and bytes in and out and duration. The same ``run_id`` again returns the recorded report of a
 SUCCEEDED run without redoing anything; after a failure it starts another attempt, and the body
-finds whatever the failed attempt left through ``ctx.tag`` (see :mod:`state_engine.jobs.output`).
-Any error marks the run FAILED with its reason and is raised as a StatekeeperError.
+finds whatever the failed attempt left through ``ctx.tag`` (see
+:mod:`state_engine.maintenance.output`). Any error marks the run FAILED with its reason and is
+raised as a StatekeeperError. The Spark jobs add their session in front
+(:func:`state_engine.jobs.spark_job.maintenance_job`).
 """
 
 from __future__ import annotations
@@ -17,16 +19,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from state_engine.catalog import Catalog
 from state_engine.config import Settings
 from state_engine.errors import MaintenanceJobFailed, StatekeeperError
-from state_engine.jobs.preflight import READS, pinned_snapshot, record_refusal
+from state_engine.maintenance.preflight import READS, pinned_snapshot, record_refusal
 from state_engine.snapshot.storage import storage_failure
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 Report = dict[str, Any]
 RUN_TAG_PREFIX = "run-"
@@ -87,13 +86,12 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:1000]
 
 
-def maintenance_job(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
+def recorded_run(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
     """Make ``body`` a recorded maintenance run of ``kind`` (see the module docstring)."""
 
     def wrap(body: Body) -> Runner:
         @functools.wraps(body)
         def run(
-            spark: SparkSession,
             catalog: Catalog,
             *,
             run_id: str | None = None,
@@ -135,7 +133,7 @@ def maintenance_job(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
             )
             started = time.perf_counter()
             try:
-                result = body(spark, catalog, ctx, **params)
+                result = body(catalog, ctx, **params)
             except BaseException as exc:
                 # an object store failing under the job (endpoint, credentials, bucket) is said
                 # as what to fix, not as the client library's exception

@@ -1,4 +1,5 @@
-"""``statectl flink ...``: commands for jobs whose snapshots Apache Flink wrote."""
+"""``statectl flink import`` and ``statectl flink forget-directory``: jobs whose snapshots Apache
+Flink wrote."""
 
 from __future__ import annotations
 

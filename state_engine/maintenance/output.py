@@ -1,7 +1,8 @@
 """The snapshot a maintenance job writes: one context manager around the commit protocol.
 
-Every job that writes a snapshot (savepoint, ttl_cleanup, compaction, rescale) runs its writing
-inside :func:`output_snapshot`::
+Every writing of a snapshot by a maintenance run (the rewrite template,
+:mod:`state_engine.maintenance.rewrite`; the Flink conversion) runs inside
+:func:`output_snapshot`::
 
     with output_snapshot(catalog, job, tag=ctx.tag, kind=SnapshotKind.SAVEPOINT, ...) as out:
         if out.recovered:                       # an earlier attempt of the run committed it
@@ -10,7 +11,7 @@ inside :func:`output_snapshot`::
         record = out.commit(out.metadata(template, outputs, op_files), outputs)
 
 On entry, what an earlier attempt of the same run left (found by its tag, see
-:func:`~state_engine.jobs.run.run_tag`) is looked at: a COMPLETED output is handed back as
+:func:`~state_engine.maintenance.run.run_tag`) is looked at: a COMPLETED output is handed back as
 ``recovered`` (nothing is written again); a PENDING or FAILED one is abandoned (FAILED, its files
 forgotten by the catalog and removed), so the retry writes the output once, into the same fixed
 savepoint directory too. Otherwise the job's next checkpoint id is reserved (PENDING) through
@@ -28,9 +29,9 @@ from state_engine.catalog import KeyGroupStatRow, SnapshotRecord
 from state_engine.checkpoint.commit import PendingCommit, abandon, reserve
 from state_engine.config import Settings
 from state_engine.errors import InvalidJobParams, InvalidSnapshotRequest
-from state_engine.jobs.canonical_write import RangeOutput, TargetSpec
-from state_engine.jobs.job_storage import storage_for
-from state_engine.jobs.run import JobResult
+from state_engine.maintenance.job_storage import storage_for
+from state_engine.maintenance.ranges import RangeOutput, TargetSpec
+from state_engine.maintenance.run import JobResult
 from state_engine.snapshot.canonical import DEFAULT_ROW_GROUP_BYTES, DEFAULT_TARGET_FILE_BYTES
 from state_engine.snapshot.metadata import (
     FileKind,
@@ -82,18 +83,18 @@ class OutputSnapshot:
         return self.pending.kind
 
     def target(
-        self,
-        *,
-        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
-        target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+        self, *, row_group_bytes: int | None = None, target_file_bytes: int | None = None
     ) -> TargetSpec:
-        """Where Spark tasks write the output's canonical files, of these sizes."""
+        """Where the tasks write the output's canonical files, of these sizes (None or 0: the
+        writer's defaults)."""
         return TargetSpec(
             url=self.snapshot.url,
             max_parallelism=self.record.max_parallelism,
             allow_shared=self.snapshot.allow_shared,
-            row_group_bytes=row_group_bytes,
-            target_file_bytes=target_file_bytes,
+            row_group_bytes=int(row_group_bytes) if row_group_bytes else DEFAULT_ROW_GROUP_BYTES,
+            target_file_bytes=(
+                int(target_file_bytes) if target_file_bytes else DEFAULT_TARGET_FILE_BYTES
+            ),
         )
 
     def recovered_result(self, stats: dict[str, Any]) -> JobResult:

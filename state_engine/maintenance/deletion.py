@@ -13,24 +13,23 @@ whose file is gone. A stale token (the lease expired and was taken over) fails t
 holder deletes nothing more.
 
 Deletes run on a thread pool on the driver: each one is a single metadata call to the file system
-or object store, so threads saturate it without Spark's task overhead. Only for very large sets
-(``spark_min_files``, default 20,000 files) on storage Spark's executors can reach are they spread
-over the cluster as one Spark job (executors delete through fsspec, as the driver would).
+or object store, so threads saturate it without a cluster's task overhead. A caller may delete
+otherwise (the Spark jobs spread very large sets over the cluster:
+:mod:`state_engine.jobs.spark_delete`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from state_engine.catalog import Catalog
 from state_engine.checkpoint.commit import file_lease_name
@@ -46,19 +45,14 @@ from state_engine.errors import (
     StatekeeperError,
 )
 from state_engine.faults import crash_point
-from state_engine.jobs.run import RunTarget
-from state_engine.jobs.spark import spark_url
-from state_engine.snapshot.storage import delete_each, delete_url
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from state_engine.maintenance.run import RunTarget
+from state_engine.snapshot.storage import delete_url
 
 LEASE_TTL_S = 120.0
 DEFAULT_WAIT_S = 600.0
 POLL_S = 0.2
 BATCH = 1000
 THREADS = 16
-SPARK_MIN_FILES = 20_000
 # dry-run and report lists are recorded as JSON with the run: keep them readable
 LIST_LIMIT = 1000
 
@@ -288,16 +282,20 @@ class Deleted:
     paths: list[str] = field(default_factory=list)
 
 
+#: Deletes URLs from storage and returns those that existed (see :func:`delete_urls`).
+Deleter = Callable[[Sequence[str]], set[str]]
+
+
 def forget_and_delete(
     catalog: Catalog,
     lease: FileLease,
     files: dict[str, int],
     *,
-    spark: SparkSession | None = None,
-    spark_min_files: int = SPARK_MIN_FILES,
+    delete: Deleter | None = None,
     threads: int = THREADS,
 ) -> Deleted:
-    """Forget ``files`` (URL -> size) under the lease's token, then delete them from storage.
+    """Forget ``files`` (URL -> size) under the lease's token, then delete them from storage
+    (with ``delete``; default: :func:`delete_urls` on ``threads`` threads).
 
     A batch the catalog refuses because a snapshot started referencing one of its files meanwhile
     is narrowed to the still-unreferenced files and tried again; those files are kept.
@@ -327,7 +325,7 @@ def forget_and_delete(
         crash_point("deletion.after_forget")
     lease.check()
     # only what this attempt found and removed counts: a retry's earlier attempt removed the rest
-    removed = delete_urls(forgotten, spark=spark, spark_min_files=spark_min_files, threads=threads)
+    removed = delete(forgotten) if delete is not None else delete_urls(forgotten, threads=threads)
     out.paths = [u for u in forgotten if u in removed]
     out.files = len(out.paths)
     out.bytes = sum(files[u] for u in out.paths)
@@ -342,39 +340,13 @@ def _delete_one(url: str) -> str | None:
     return url
 
 
-def executor_delete() -> Callable[[Iterable[str]], list[str | None]]:
-    """What a Spark task runs on its partition of URLs. It pickles by reference to the storage
-    and faults modules only, so an executor imports neither the jobs nor the catalog."""
-    return functools.partial(
-        delete_each, after_each=functools.partial(crash_point, "deletion.after_delete_one")
-    )
-
-
-def delete_urls(
-    urls: Sequence[str],
-    *,
-    spark: SparkSession | None = None,
-    spark_min_files: int = SPARK_MIN_FILES,
-    threads: int = THREADS,
-) -> set[str]:
-    """Delete ``urls`` from storage; returns those that existed. Missing files are fine."""
+def delete_urls(urls: Sequence[str], *, threads: int = THREADS) -> set[str]:
+    """Delete ``urls`` from storage on a thread pool; returns those that existed. Missing files
+    are fine."""
     if not urls:
         return set()
-    if spark is not None and len(urls) >= spark_min_files and _spark_reachable(urls):
-        slices = max(1, min(len(urls) // 1000 + 1, 4 * spark.sparkContext.defaultParallelism))
-        found = spark.sparkContext.parallelize(list(urls), slices).mapPartitions(executor_delete())
-        return {u for u in found.collect() if u is not None}
     with ThreadPoolExecutor(max(1, min(threads, len(urls)))) as pool:
         return {u for u in pool.map(_delete_one, urls) if u is not None}
-
-
-def _spark_reachable(urls: Sequence[str]) -> bool:
-    try:
-        for scheme in {u.split("://", 1)[0] for u in urls}:
-            spark_url(f"{scheme}://x")
-    except StatekeeperError:
-        return False
-    return True
 
 
 def limited(items: Sequence[Any]) -> dict[str, Any]:

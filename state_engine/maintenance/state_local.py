@@ -11,8 +11,6 @@ of the wrong type) happens in :func:`plan_show`, before either path starts.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from state_engine.catalog import Catalog
-from state_engine.jobs.inputs import InputSnapshot, load_input
-from state_engine.jobs.state_decode import (
+from state_engine.maintenance.inputs import InputSnapshot, load_input
+from state_engine.maintenance.state_decode import (
     COLUMNS,
     StateDecoder,
     decoder_specs,
@@ -128,20 +126,3 @@ def read_rows(plan: ShowPlan, limit: int | None = 100) -> list[dict[str, Any]]:
     if limit is not None:
         rows = rows[:limit]
     return [{c: r[c] for c in COLUMNS} for r in rows]
-
-
-def quiet_spark_conf() -> dict[str, str]:
-    """Spark conf that keeps the driver's log4j below ERROR (no WARN lines around the table)."""
-    path = os.path.join(tempfile.gettempdir(), "statekeeper-log4j2-quiet.properties")
-    if not os.path.exists(path):
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(
-                "rootLogger.level = error\n"
-                "rootLogger.appenderRef.stderr.ref = console\n"
-                "appender.console.type = Console\n"
-                "appender.console.name = console\n"
-                "appender.console.target = SYSTEM_ERR\n"
-                "appender.console.layout.type = PatternLayout\n"
-                "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n\n"
-            )
-    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}"}

@@ -17,9 +17,9 @@ from state_engine.errors import (
     NoSuchSnapshot,
     SnapshotNotUsable,
 )
-from state_engine.jobs.run import RunTarget
-from state_engine.jobs.snapshot_read import open_source, snapshot_format
-from state_engine.jobs.spark import check_reachable
+from state_engine.maintenance.reachable import check_reachable
+from state_engine.maintenance.run import RunTarget
+from state_engine.maintenance.source import open_source, snapshot_format
 from state_engine.snapshot.metadata import FileKind, SnapshotFile, SnapshotMetadata, read_metadata
 from state_engine.snapshot.storage import SnapshotDir
 from state_engine.snapshot_enums import SnapshotFormat, SnapshotStatus

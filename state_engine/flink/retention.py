@@ -1,15 +1,57 @@
 """Expire and orphan cleanup on Flink directories, in plain Python under the job's lease.
 
 ``statectl maintain expire`` / ``maintain orphan_cleanup`` dispatch here for jobs of origin
-``flink`` (see :func:`flink_runner`); no Spark starts. Both are recorded maintenance runs that
-hold the job's file lease while they delete, and both forget in the catalog before they delete
-from storage, so a crash leaves unknown files (orphans), never a catalog row without its file.
+``flink`` (see :func:`flink_runner`); no Spark starts. Both are recorded maintenance runs
+(:func:`state_engine.jobs.run.maintenance_job`) holding the job's file lease while they delete,
+and both delete in the order forget-in-the-catalog, then delete-from-storage.
 
-What each selects and what it never touches (files Flink's task managers own, files outside the
-job's directories, links and other spellings of a referenced file, a ``_metadata`` at a
-discarded snapshot's location that is not the file discarded): ``docs/operations.md``, "What
-Statekeeper deletes in Flink directories"; Flink's own ownership rules:
-``docs/flink-format.md §4``.
+Expire (``--retain-last N``, ``--older-than AGE``, ``--savepoint ID_OR_NAME``): the COMPLETED
+checkpoints not among the newest N and (with ``--older-than``) completed before the cut-off are
+DISCARDED. Newest means: within one Flink job directory (one run of the job), the higher
+checkpoint id; across the job directories of one catalog job (runs restarted under new Flink job
+ids, whose checkpoint ids count from 1 again), the run whose latest checkpoint completed last comes
+first. A Flink checkpoint's completion time is its ``_metadata``'s modification time on
+storage (Flink writes ``_metadata`` last, when it finalizes the checkpoint; the ``_metadata`` has
+no timestamp of its own), or the import time when that file cannot be asked (later than the real
+completion: it only keeps more). As for native jobs the newest completed checkpoint always stays:
+a retention that selects every one is refused (RetentionRemovesEverything). Then every file of
+the job no retained snapshot references any more (``live_refs`` = 0: the discarded checkpoints'
+``_metadata``, exclusive files and RocksDB private files, and exactly the shared files no retained
+checkpoint or savepoint uses) is forgotten and deleted, and the emptied ``chk-N`` directories
+removed -- except the files Flink's task managers own and delete themselves: everything in
+``taskowned/`` (a changelog backend's materialized state, file merging's operator-state files)
+and file merging's physical files in ``shared/<subdirectory>/`` (which a task manager may still
+have open to append to). Those are reported under ``left_to_flink`` and forgotten by the
+catalog, not deleted: Flink drops them once no checkpoint uses them, and orphan cleanup (with its
+``--older-than``, which spares a file still being written) takes what a stopped job left. Files
+outside the job's directories are never deleted either (``foreign_kept``); of those, the ones
+whose catalog rows this job holds (a changelog backend's files in the cluster's changelog
+directory, which Flink drops itself) are forgotten too, so no later expire reports them again.
+
+Savepoints are expired only when named: by directory name, catalog snapshot id or Flink
+savepoint id; a name that means different snapshots under these readings is refused. An expired
+snapshot is discarded with the size and modification time of its ``_metadata`` in its
+``details`` (:mod:`state_engine.flink.discarded`): a ``_metadata`` found later at the location of
+a DISCARDED snapshot pins nothing only when it is that very file; a new checkpoint written there
+pins its files (the catalog forgets its rows of the paths that checkpoint owns now, and the next
+sync imports it).
+
+Orphan cleanup (``--older-than``, default 3d): the files under the job's ``chk-*/``, ``shared/``
+and ``taskowned/`` that no completed snapshot references, read from every ``_metadata`` on disk
+now (not only the imported ones: a checkpoint Flink wrote since the last import is respected) and
+from the catalog's retained snapshots; ``chk-N`` directories without ``_metadata`` (aborted or in
+flight) are orphans too. Files are matched by full path, never by base name. A file modified
+after the cut-off is never touched (a live job's checkpoint in flight). Files a snapshot
+references outside the job's directories (a NO_CLAIM restore's ancestor) are reported under
+``foreign_references`` and never deleted.
+
+Both never delete, and report under ``links_kept``, a file on local storage that is reached through
+a directory link out of the job's directories (a ``shared/`` linked to another job's) or that is
+another spelling of a file a snapshot references (the job directory imported through a link).
+A job directory that is missing fails orphan cleanup, nothing deleted, and its snapshots keep.
+
+The ``--json`` report names every file deleted (or, with ``--dry-run``, that would be) under
+``deleted.items``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``statectl verify``: does the catalog tell the truth about storage?
+"""Does the catalog tell the truth about storage? (``statectl verify``)
 
 Per job: every file of every COMPLETED snapshot exists with its recorded size (and, deep, crc32),
 each checked once however many snapshots share it; each COMPLETED ``_metadata`` reads, names the

@@ -38,11 +38,12 @@ test: install lint browser flink bytecode
 		$(PY) -m pytest
 
 # The loop while working (CONTRIBUTING.md): every test that starts no JVM, no Flink cluster, no
-# Airflow DAG run and no browser. The markers follow from the fixtures a test uses
-# (tests/conftest.py); `make test` above stays the whole suite.
-FAST_MARKERS := not slow and not spark and not flink and not cluster and not browser and not dag_run
+# Airflow DAG run and no browser, with the catalog on SQLite only, spread over the cores (one
+# module's tests stay on one worker, so a module's fixtures are built once). The markers follow
+# from the fixtures a test uses (tests/conftest.py); `make test` above stays the whole suite.
+FAST_MARKERS := not slow and not spark and not flink and not cluster and not browser and not dag_run and not postgres
 test-fast: install bytecode
-	$(PY) -m pytest -m "$(FAST_MARKERS)"
+	$(PY) -m pytest -n auto --dist loadscope -m "$(FAST_MARKERS)"
 
 # A real Apache Flink for the tests that start a cluster (tests/fixtures/flink_cluster.py): the
 # apache-flink package in a venv of its own, as it pins pyarrow and protobuf versions the

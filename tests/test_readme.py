@@ -2,13 +2,14 @@
 ``statectl`` commands of its tour answer on the catalog that example leaves. What the Python
 examples of docs/ import resolves.
 
-Each runs in a subprocess, as a reader would run it, with this checkout first on the path and a
-fresh ``STATEKEEPER_HOME``. ``statectl maintain`` lines start Spark and are left to tests/jobs.
+They run in subprocesses with this checkout first on the path and a fresh ``STATEKEEPER_HOME``;
+``statectl maintain`` lines start Spark and are left to tests/jobs.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -63,6 +64,25 @@ def tour_commands() -> list[list[str]]:
     return commands
 
 
+TOUR_DRIVER = """
+import contextlib, io, json, sys
+from importlib import import_module
+
+module, name = sys.argv[1].split(":")
+main = getattr(import_module(module), name)
+results = []
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv[1:])
+        except SystemExit as exc:
+            code = exc.code
+    results.append([argv[1:], code or 0, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STATEKEEPER_")}
     env.update(STATEKEEPER_HOME=str(home), PYTHONPATH=str(ROOT))
@@ -115,11 +135,17 @@ def test_the_python_example_prints_what_the_readme_shows(example_home: Path) -> 
     assert (example_home / "catalog.db").is_file()
 
 
-@pytest.mark.parametrize("argv", tour_commands(), ids=lambda argv: " ".join(argv[1:3]))
-def test_each_statectl_command_of_the_tour_answers(example_home: Path, argv: list[str]) -> None:
-    statectl = Path(sys.executable).with_name("statectl")
+@pytest.fixture(scope="module")
+def tour(example_home: Path) -> dict[str, tuple[int, str, str]]:
+    """Every tour command's (exit code, stdout, stderr), run through statectl's entry point in one
+    process (a process per command would start Python, SQLAlchemy and pyarrow seven times)."""
+    [entry] = [
+        line.split("=", 1)[1].strip().strip('"')
+        for line in (ROOT / "pyproject.toml").read_text().splitlines()
+        if line.startswith("statectl =")
+    ]
     done = subprocess.run(
-        [str(statectl), *argv[1:]],
+        [sys.executable, "-c", TOUR_DRIVER, entry, json.dumps(tour_commands())],
         cwd=example_home.parent,
         env=_env(example_home),
         capture_output=True,
@@ -127,4 +153,13 @@ def test_each_statectl_command_of_the_tour_answers(example_home: Path, argv: lis
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() and not done.stderr.strip(), (done.stdout, done.stderr)
+    return {" ".join(argv): (code, out, err) for argv, code, out, err in json.loads(done.stdout)}
+
+
+@pytest.mark.parametrize("argv", tour_commands(), ids=lambda argv: " ".join(argv[1:3]))
+def test_each_statectl_command_of_the_tour_answers(
+    tour: dict[str, tuple[int, str, str]], argv: list[str]
+) -> None:
+    code, out, err = tour[" ".join(argv[1:])]
+    assert code == 0, err
+    assert out.strip() and not err.strip(), (out, err)

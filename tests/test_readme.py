@@ -116,6 +116,27 @@ def test_the_readme_has_a_python_example_with_its_output() -> None:
         assert f"from state_engine.{module} import" in imports, module
 
 
+def _anchors(doc: Path) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub spells them."""
+    titles = re.findall(r"^#+\s+(.*)$", doc.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", t.strip().lower()).replace(" ", "-") for t in titles}
+
+
+def test_every_relative_link_of_the_docs_reaches_a_file_and_heading() -> None:
+    docs = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for doc in docs:
+        prose = FENCE.sub("", doc.read_text())
+        for link in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if "://" in link:
+                continue
+            path, _, anchor = link.partition("#")
+            target = (doc.parent / path).resolve() if path else doc
+            if not target.is_file() or (anchor and anchor not in _anchors(target)):
+                broken.append(f"{doc.relative_to(ROOT)}: {link}")
+    assert broken == []
+
+
 def test_every_import_of_the_documented_examples_resolves() -> None:
     """The docs' examples that need a real Flink snapshot are not run, but what they import
     must still be there: public import paths keep working when modules move."""

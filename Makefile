@@ -6,7 +6,7 @@ UV     := $(VENV)/bin/uv
 UV_VERSION := 0.13.8
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean browser flink airflow bytecode
+.PHONY: install demo test test-fast lint bench clean browser flink airflow bytecode
 
 install: $(STAMP)
 
@@ -36,6 +36,14 @@ demo: install bytecode
 test: install lint browser flink bytecode
 	STATEKEEPER_FLINK_HOME="$$(echo $(CURDIR)/$(FLINK_VENV)/lib/python*/site-packages/pyflink)" \
 		$(PY) -m pytest
+
+# The loop while working (CONTRIBUTING.md): every test that starts no JVM, no Flink cluster, no
+# Airflow DAG run and no browser, with the catalog on SQLite only, spread over the cores (one
+# module's tests stay on one worker, so a module's fixtures are built once). The markers follow
+# from the fixtures a test uses (tests/conftest.py); `make test` above stays the whole suite.
+FAST_MARKERS := not slow and not spark and not flink and not cluster and not browser and not dag_run and not postgres
+test-fast: install bytecode
+	$(PY) -m pytest -n auto --dist loadscope -m "$(FAST_MARKERS)"
 
 # A real Apache Flink for the tests that start a cluster (tests/fixtures/flink_cluster.py): the
 # apache-flink package in a venv of its own, as it pins pyarrow and protobuf versions the

@@ -17,7 +17,7 @@ Three measurements, each against its baseline in the same run (ratios, not absol
   timer, the tables are checked equal to that reader's entries);
 * orphan cleanup (dry run: plan only) over 100,000 files of that job directory, vs a bare listing.
 
-The ``_metadata`` files are written here from the format (FLINK_FORMAT.md §2) with the
+The ``_metadata`` files are written here from the format (docs/flink-format.md §2) with the
 ``CheckpointProperties`` trailer and keyed-backend header copied from the real fixture archive
 (``/work/shared/flink/flink-java-dev.tar.gz`` or ``--fixtures``). Prints one JSON object last.
 Each ratio is baseline time / measured time (best of ``--repeat``), wall clock; ``cpu_ratio`` is the

@@ -1,29 +1,16 @@
 """Key -> Java-compatible signed int32 hash, scalar and vectorised.
 
-These rules are the platform's stable contract: snapshots store ``key_hash`` and key groups derived
-from it, so changing any rule below invalidates every stored snapshot.
-
-``key_hash(key)``, by key type (checked in this order):
-
-- ``bool`` (and ``numpy.bool_``): Java ``Boolean.hashCode``: ``True`` -> 1231, ``False`` -> 1237.
-  Checked before ``int`` because ``bool`` is a subclass of ``int`` in Python.
-- ``str``: Java ``String.hashCode``: ``h = 31 * h + u`` over the UTF-16 code units ``u`` (a
-  character outside the BMP, such as an emoji, is two surrogate units), int32 wrap; ``""`` -> 0.
-- ``int`` (and NumPy integer scalars): Java ``Long.hashCode``: ``(int)(v ^ (v >>> 32))``, so an int
-  key behaves like a Flink ``Long`` key. Only the signed 64-bit range is allowed.
-- ``bytes``, ``bytearray``, ``memoryview`` (its raw bytes): Java ``Arrays.hashCode(byte[])``:
-  ``h = 1``, then ``h = 31 * h + b`` over the bytes as *signed* values, int32 wrap; ``b""`` -> 1.
-- ``tuple``: Flink ``TupleN.hashCode``: ``h = 0``, then ``h = 31 * h + key_hash(field)`` over the
-  fields (``None`` field -> 0), int32 wrap; nested tuples recurse; ``()`` -> 0.
-
-Anything else (``float``, ``None``, ``list``, ``dict``, other objects) raises
-:class:`~state_engine.errors.UnsupportedKeyType`.
+These rules are the platform's stable contract: snapshots store ``key_hash`` and the key groups
+derived from it, so changing any rule invalidates every stored snapshot. The rule per key type
+(Java ``Boolean``, ``String``, ``Long``, ``Arrays.hashCode(byte[])`` and Flink ``TupleN`` hash
+codes; anything else is :class:`~state_engine.errors.UnsupportedKeyType`) is in
+``docs/architecture.md``, "Keys, key groups and subtasks". ``bool`` is checked before ``int``
+because it is a subclass of ``int`` in Python.
 
 ``murmur_hash`` is Flink's ``MathUtils.murmurHash``: 32-bit MurmurHash3 of the int's four
-little-endian bytes with seed 0, folded to a non-negative int.
-
-The vectorised :func:`key_hashes` computes string and byte hashes with NumPy over all code units of
-a batch at once (no per-element Python loop); only plain Python sequences use the scalar function.
+little-endian bytes with seed 0, folded to a non-negative int. :func:`key_hashes` hashes strings
+and bytes with NumPy over all code units of a batch at once; only plain Python sequences take the
+scalar function.
 """
 
 from __future__ import annotations

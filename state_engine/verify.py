@@ -1,25 +1,12 @@
 """Does the catalog tell the truth about storage? (``statectl verify``)
 
-For each job (or the one named):
-
-- every file of every COMPLETED snapshot exists with the size (and, deep, the crc32 checksum) the
-  catalog recorded; each file is checked once however many snapshots share it;
-- each COMPLETED snapshot's ``_metadata`` reads and validates, names the same checkpoint, and
-  lists exactly the files the catalog attached, with the same sizes and checksums;
-- PENDING snapshots are listed apart: they are not restorable (in progress, or left behind by a
-  crash), their files are kept, and a missing file of theirs is no inconsistency;
-- files under the job's storage roots (its directory and any savepoint directory outside it)
-  that no live snapshot references are listed as warnings: ``orphan`` (the catalog never heard
-  of them: a crash between writing and attaching leaves these) or ``released`` (the catalog
-  released them: the next checkpoint's cleanup or orphan cleanup deletes them). ``strict`` makes
-  them errors.
-
-Nothing is changed or deleted, except with ``sync`` (``statectl verify --sync``): a running Flink
-job subsumes checkpoints at any moment, also between the last ``statectl flink import`` and the
-verify, so a Flink job whose snapshot's ``_metadata`` is missing gets its directories synced once
-(which marks a subsumed checkpoint vanished) and is verified again. What a sync does not explain
-(a missing data file, a savepoint deleted by hand) is still an error. :func:`verify` returns a
-:class:`VerifyReport`; ``ok`` is False on any error.
+Per job: every file of every COMPLETED snapshot exists with its recorded size (and, deep, crc32),
+each checked once however many snapshots share it; each COMPLETED ``_metadata`` reads, names the
+same checkpoint and lists exactly the catalog's files; PENDING snapshots are listed apart; files
+under the job's roots that no live snapshot references are warnings (``strict``: errors). Nothing
+is changed, except that ``sync`` re-syncs a Flink job whose ``_metadata`` went missing (the running
+job subsumed it) and verifies it again. The user-facing rules: ``docs/operations.md``, "Verify".
+:func:`verify` returns a :class:`VerifyReport`; ``ok`` is False on any error.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Session-wide fixtures: one SparkSession and at most one real Flink cluster per test session;
-the catalog fixtures every folder shares come from the plugin ``tests/fixtures/catalog.py``."""
+the catalog fixtures every folder shares come from the plugin ``tests/fixtures/catalog.py``.
+
+Markers follow from the fixtures a test uses (:func:`pytest_collection_modifyitems`), so
+``make test-fast`` can leave out what starts a JVM or a browser without each test saying so.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,23 @@ pytest_plugins = ["tests.fixtures.catalog"]
 # @settings (its example count) keep this too.
 settings.register_profile("statekeeper", deadline=None)
 settings.load_profile("statekeeper")
+
+#: fixture -> the marker every test using it (directly or through another fixture) gets
+MARKER_OF_FIXTURE = {
+    "spark": "spark",  # the session's SparkSession (a JVM)
+    "flink_cluster": "flink",  # a real Flink cluster (two JVMs)
+    "chromium_binary": "browser",  # headless Chromium against a real Airflow
+    "dag_of": "dag_run",  # tests/airflow: a DAG from its file, to run with dag.test()
+    "health_dag": "dag_run",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in MARKER_OF_FIXTURE.items():
+            if fixture in used:
+                item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

@@ -2,34 +2,13 @@
 
 :func:`canonical_columns` gives the same keyed state as
 :func:`~state_engine.flink.keyed_state.canonical_entries`, one :class:`Columns` per state instead
-of one ``Entry`` per record (a key group's records in stream order; key groups interleaved):
-
-1. framing: the records of every key group are found together, one numpy step per record *depth*
-   (all key groups advance at once: record i of every key group, then record i + 1, ...), through
-   big-endian int32/uint16 views at every byte offset; where every key group goes on with records
-   of its current key and value lengths (a state's fixed-width keys and values), many depths at
-   once: the positions predicted arithmetically (``start + i * stride``), the run's end probed
-   for, then every predicted record's lengths and key-group byte checked in one vectorized
-   comparison (a block); in a large stream the bytes ahead of each key group are read every few
-   steps in one sequential copy (prefetched), which the steps' scattered reads would each wait
-   for;
-2. per state, a decoder compiled from its serializer tuple reads every record of the state into
-   a pyarrow Table (:data:`COLUMNS`: key group, key, namespace, user key, value, TTL timestamp),
-   with no Python object per value: fixed widths (Long, Integer, Double, ...) through ``>i8``-
-   style numpy views at the records' offsets; Strings (one-byte length) by one gather of their
-   bytes plus an offsets array (ASCII: Flink's bytes are the UTF-8), or, for non-ASCII strings
-   that end their key or value (MAP user keys, String values), dictionary-encoded by Arrow and
-   each distinct one decoded once -- or, when most are distinct, their varint UTF-16 units
-   reassembled with numpy and encoded to UTF-8 once; TTL wrappers, MAP values and LISTs of fixed
-   widths (an Arrow list column) likewise.
-
-Whether a state takes that path is decided per state, never per record: anything outside those
-layouts (other serializers, nulls, non-ASCII keys, a lone surrogate, a length that does not fit)
-decodes the whole state record by record with the generic
-:class:`~state_engine.flink.keyed_state.StateDecoder` (``Columns.rows``); a stream that does not
-frame (truncated or corrupt) or is compressed falls back to the record-by-record reader as a
-whole, which names the file and offset of the problem. The values are exactly the generic
-decoder's; :meth:`Columns.entries` makes Python values only for the rows asked for.
+of one ``Entry`` per record. The framing (one numpy step per record depth across all key groups,
+runs of fixed-width records predicted and then checked) and the per-state decoders are described
+in ``docs/flink-format.md §7.2``. The fast path is chosen per state, never per record: any other
+layout decodes that state record by record with
+:class:`~state_engine.flink.keyed_state.StateDecoder`, and a stream that does not frame or is
+compressed falls back to the record-by-record reader as a whole (which names the file and offset
+of the problem). The values are exactly the generic decoder's.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """A Flink snapshot as a Statekeeper canonical savepoint (``statectl maintain savepoint`` on Flink).
 
-Every keyed entry Flink wrote becomes canonical rows (:class:`~state_engine.state.meta.StateEntry`):
-the key group is the one Flink's bytes carry, the key hash is Flink's ``hashCode`` of the key
-(checked: ``murmurHash(hash) % maxParallelism`` must give that key group, else the conversion
-stops), keys and values are re-serialized with Statekeeper serializers:
-
-=========================================  ================================================
-Flink                                      Statekeeper
-=========================================  ================================================
-String, Character                          ``str``
-Long, Integer, Short, Byte                 ``int``
-Double, Float                              ``float``
-Boolean                                    ``bool``
-byte[]                                     ``bytes``
-anything else (arrays, nested List/Map)    ``json``
-VALUE / LIST / MAP state                   VALUE / LIST (one row per element) / MAP
-TTL wrapper                                the user value; ``expires_at`` = stored
-                                           lastAccessTimestamp + the TTL given for the state
-=========================================  ================================================
-
-The TTL duration is not in a Flink snapshot: pass it per state (``ttl={"lastSeen": 3_600_000}``);
-a TTL state without one is written without TTL (``expires_at`` empty) and reported.
-
-Key-group ranges of the subtasks are Flink's (the same formula as Statekeeper's), so a restore at
-any parallelism reads exactly its key groups. PyFlink jobs key by ``Row.of(key)``: their rows keep
-Flink's key groups and hashes (``String.hashCode() + 62``), which Statekeeper's own hash of the
-bare key does not reproduce; such a savepoint restores and inspects correctly, but a Statekeeper
-job that keys by the bare string would look in other key groups. Operator state (source
-positions, sink state) is Flink-specific and is not converted (reported as skipped).
+Keys keep the key group Flink's bytes carry, and the key hash is Flink's ``hashCode`` of the key,
+checked against that key group (a mismatch stops the conversion); keys and values are
+re-serialized with Statekeeper serializers. The type mapping, TTL handling (the duration is not in
+a Flink snapshot: pass it per state, ``ttl={"lastSeen": 3_600_000}``), what is skipped (operator
+state, timers) and why a converted PyFlink savepoint keeps Flink's Row hash:
+``docs/flink-format.md §7.3``.
 """
 
 from __future__ import annotations

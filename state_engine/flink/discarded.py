@@ -1,21 +1,12 @@
 """Telling the ``_metadata`` of a discarded Flink snapshot from a new one at the same place.
 
-A DISCARDED catalog snapshot pins nothing, so whatever its ``_metadata`` references may be
-deleted. That is only right while the ``_metadata`` at its location is the very file that was
-discarded: an expire killed between discarding and deleting leaves it behind, and the next run
-finishes the job. A ``_metadata`` written there since (a job restarted under the same Flink job
-id counts its checkpoint ids from 1 again) or one that was absent when the snapshot was marked
-vanished and is back now is a live checkpoint, and must pin its files.
-
-So when expire discards a snapshot it records, in the snapshot's ``details``, the size,
-modification and (on local storage) inode change time of its ``_metadata``
-(:func:`expired_details`): a file written since has a later change time even when it is a copy
-with the old modification time, and on object stores every write is a new modification time.
-:func:`is_discarded_metadata` says whether a ``_metadata`` on storage is that file. A snapshot
-discarded without this stamp (marked vanished, its ``_metadata`` gone) has no file left to
-match: any ``_metadata`` at its location is a new one, imported as a new snapshot with the same
-checkpoint id (the catalog's checkpoint ids are unique among the snapshots that are not
-DISCARDED).
+A DISCARDED snapshot pins nothing, which is right only while the ``_metadata`` at its location is
+the very file discarded (an expire killed between discarding and deleting leaves it behind). One
+written there since (a job restarted under the same Flink job id) is a live checkpoint. So expire
+records the file's size, modification and (locally) inode change time in the snapshot's
+``details`` (:func:`expired_details`), and :func:`is_discarded_metadata` compares: a copy keeps
+its modification time but not its change time, and on object stores every write is a new
+modification time. See ``docs/operations.md``, "Import and sync".
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Which Flink jobs the ``statekeeper_flink_sync`` DAG imports: a JSON mapping, job name -> dirs.
 
-The mapping comes from the Airflow Variable ``statekeeper_flink_jobs`` or, when that is unset,
-from the JSON file named by the ``STATEKEEPER_FLINK_JOBS_FILE`` setting::
-
-    {
-      "payments": {
-        "checkpoint_dir": "s3://ckpt/payments/4f1c...e2",
-        "savepoint_dirs": ["s3://ckpt/payments-savepoints"],
-        "flink_job_id": "4f1c...e2",
-        "rest_url": "http://flink-jobmanager:8081"
-      }
-    }
-
-``checkpoint_dir`` is the job's ``<checkpoint-dir>/<job-id>``; ``savepoint_dirs`` are directories
-of savepoints (or single savepoint directories). ``flink_job_id`` (default: the checkpoint
-directory's name) is what the REST savepoint trigger addresses.
+From the Airflow Variable ``statekeeper_flink_jobs`` or, when it is unset, the JSON file named by
+``STATEKEEPER_FLINK_JOBS_FILE``; the format (``checkpoint_dir``, ``savepoint_dirs``,
+``flink_job_id``, ``rest_url``) is in ``docs/operations.md``, "From Airflow".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Keyed state inside Flink snapshots: backend header, canonical savepoint streams, heap files.
 
-* :func:`read_proxy_header` -- ``KeyedBackendSerializationProxy`` (version 6): key serializer and
-  the list of registered states (a state's id in the data is its index in this list).
-* :func:`canonical_entries` -- the canonical savepoint stream (``FullSnapshotAsyncWriter``): per
-  key group a run of RocksDB-shaped ``(key, value)`` records, state switches and the end mark
-  flagged by bit 0x80 of the key's first byte.
-* :func:`heap_entries` -- hashmap checkpoints and hashmap native savepoints
-  (``HeapSnapshotStrategy``): per key group, per state ``(namespace, key, whole value)``.
-* :class:`StateDecoder` turns RocksDB-shaped records (also what :mod:`rocksdb_state` reads) into
-  :class:`Entry` objects, and :func:`entry_rows` into ``statectl state show`` rows.
-* :func:`snapshot_entries` / :func:`snapshot_rows` / :func:`snapshot_raw_rows` -- a whole
-  snapshot (part A's :class:`~state_engine.flink.metadata.FlinkSnapshotMetadata`), any format.
-
-Snapshots taken with snapshot compression are decompressed on the way (:mod:`snappy`).
-
-Row columns (the same as for Statekeeper snapshots): ``operator, key_group, state, key, namespace,
-user_key, value, expires_at``. ``key`` and ``user_key`` are text (String keys as is, Long keys as
-digits, others as JSON); ``value`` is the JSON text of the decoded value; a MAP state gives one row
-per entry; a LIST state's whole list is one JSON array. For TTL states ``value`` holds the user
-value and ``expires_at`` the *stored* TTL timestamp: Flink's ``lastAccessTimestamp`` (processing
-time in ms of the last write), so the entry expires at ``expires_at + ttl`` (the TTL duration is
-not in the snapshot); for a TTL list the latest element timestamp, for a TTL map the entry's own.
+:func:`read_proxy_header` reads the ``KeyedBackendSerializationProxy`` (``docs/flink-format.md
+§5.1``), :func:`canonical_entries` the canonical stream (§5.2), :func:`heap_entries` hashmap
+checkpoints and native savepoints (§5.4); :class:`StateDecoder` turns RocksDB-shaped records
+(§5.3; also what :mod:`rocksdb_state` reads) into :class:`Entry` objects, and :func:`entry_rows`
+into ``statectl state show`` rows (columns and their meaning: §7.1). Snapshots taken with
+compression are decompressed on the way (:mod:`snappy`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """PyFlink keyed state: what the Java side stores for a Python ``KeyedProcessFunction``.
 
-Facts (FLINK_FORMAT.md §5.7; ``BeamKeyedStateStore``, ``BeamBagStateHandler``, PyFlink's
-``coder_impl_slow.py``):
-
-* the Java state is named ``"python-state-" + name``; a Python ``ValueState`` and ``ListState``
-  are both a Java ``ListState<byte[]>`` (a value state is a one-element list), a ``MapState`` is
-  ``MapState<ByteArrayWrapper, byte[]>``;
-* the ``byte[]`` payloads are Python coder output and **the Python types are not in the
-  snapshot**: ``Types.LONG()`` is 8 bytes big-endian, ``Types.STRING()`` i32 length + UTF-8,
-  ``Types.PICKLED_BYTE_ARRAY()`` (the default) i32 length + a pickle, ...;
-* one Java list element may hold several concatenated Python values (the Python write cache
-  batches ``add`` calls), so element counts are not Python list lengths;
-* keys are ``Row.of(key)``: decoded keys are one-field tuples, shown unwrapped.
-
-Because the types are not stored, :class:`PyFlinkTypes` says per state how to read it
-(``"value:LONG"``, ``"list:LONG"``, ``"map:STRING:LONG"``); without a hint a payload is read as
-strings, pickles or longs, whichever consumes it exactly, and a Java list stays a list.
-Pickles are loaded with an unpickler that refuses every global (only built-in containers and
-scalars come back): a snapshot must never run code in the reader.
+The layout (``docs/flink-format.md §5.7``): Java states named ``python-state-NAME``, value and list
+states both Java lists of Python-coder bytes, keys ``Row.of(key)``, and the Python types stored
+nowhere. So :class:`PyFlinkTypes` says per state how to read it (``"value:LONG"``,
+``"list:LONG"``, ``"map:STRING:LONG"``); without a hint a payload is read as strings, pickles or
+longs, whichever consumes it exactly. Pickles are loaded by an unpickler that refuses every global
+(only built-in containers and scalars come back): a snapshot must never run code in the reader.
 """
 
 from __future__ import annotations

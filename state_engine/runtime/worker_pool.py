@@ -1,33 +1,20 @@
 """Process-parallel execution: a job's subtasks in up to min(parallelism, cores) worker processes.
 
-The parent is the coordinator. It owns the checkpoint manager (catalog and ``_metadata``) and
-the sink's commits; each worker (:mod:`state_engine.runtime.worker`) runs a contiguous share of
-the keyed subtasks with their own state backends, timers and sink writers.
+The parent coordinates: it owns the checkpoint manager (catalog and ``_metadata``) and the sink's
+commits; each worker (:mod:`state_engine.runtime.worker`) runs a contiguous share of the keyed
+subtasks with their own backends, timers and sink writers. Every worker reads every source
+partition in the single-thread runner's order and keeps the records of its key groups, so a
+barrier is a record count, aligned on every channel by construction (``docs/architecture.md``,
+"The runtime").
 
-Routing: every worker reads every source partition in the single-thread runner's order and keeps
-the records of its key groups, instead of Flink's network exchange. The record count
-is then the same in every worker at every point, so a barrier is a record count: the parent runs
-every worker up to the next barrier, each stops exactly there, and the barrier is aligned on every
-channel by construction, with no channel state and no barrier travelling through a pipe. The cost
-is that every worker pays for reading and routing every record. Measured (CPU seconds in one
-process, bench/peers.py's workloads at full size): reading and routing are ~36% of a record's
-cost at parallelism 1 on the counts workload and ~11% on the fraud workload, and one worker's
-share takes 0.72x / 0.55x of the parallelism-1 time, which bounds p=2 to ~1.4x and ~1.8x of p=1
-on two otherwise idle cores. Routing in the parent instead would
-pay the read once but add pickling in the parent and unpickling in a worker per record, on a
-third process sharing the same two cores (estimated no better on the counts workload).
+Why not route in the parent: reading and routing are ~36% of a record's cost at parallelism 1 on
+bench/peers.py's counts workload and ~11% on the fraud workload, and one worker's share takes
+0.72x / 0.55x of the parallelism-1 time, which bounds p=2 to ~1.4x and ~1.8x of p=1 on two idle
+cores; routing in the parent would pay the read once but add a pickle and an unpickle per record
+on a third process sharing the same cores (estimated no better on the counts workload).
 
-A checkpoint: the parent asks every worker for its synchronous phase at the barrier (source
-offsets, the sinks' pre-commits, a fixed view of each keyed backend); the checkpoint manager
-then reserves the snapshot and, through :class:`RemoteBackend`, asks each worker to write its
-captures' files into it. The workers write them while they run on (heap views on local storage
-in a child forked at the barrier, RocksDB uploads on a thread), report each file before creating
-it and then what they wrote; the manager completes the checkpoint (metadata, catalog commit)
-once every subtask's files are in. On completion the parent commits the pre-committed output it
-got in the synchronous phase and tells the workers, which drop it from their sink state.
-
-A worker that dies (SIGKILL, crash) fails the run as a killed job: the in-flight checkpoint is
-abandoned, the other workers are stopped, and a restore from the last completed checkpoint gives
+A worker reports each file before creating it, so a worker that dies leaves nothing unknown; it
+fails the run as a killed job, and a restore from the last completed checkpoint gives
 exactly-once output.
 """
 

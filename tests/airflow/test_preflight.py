@@ -225,6 +225,7 @@ def test_statectl_maintain_refuses_before_spark(
     assert run.status == "FAILED"
 
 
+@pytest.mark.dag_run
 def test_the_rescale_dag_fails_at_once_without_retry_or_spark(
     airflow_home: Path, cat_env: dict[str, Any], no_spark: list[str]
 ) -> None:

@@ -110,9 +110,9 @@ def test_docker_compose_config_validates_when_a_compose_cli_is_present(tmp_path:
     assert done.returncode == 0, done.stderr
 
 
-def test_the_readme_runs_the_stack_without_docker_as_the_cluster_test_does() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### The same stack without Docker", 1)[1]
+def test_the_operations_guide_runs_the_stack_without_docker_as_the_cluster_test_does() -> None:
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    section = guide.split("### The same stack without Docker", 1)[1]
     block = section.split("```", 2)[1]
     assert "moto_server -H 127.0.0.1" in block
     assert "SPARK_CONF_DIR=$PWD/docker/spark" in block
@@ -122,4 +122,4 @@ def test_the_readme_runs_the_stack_without_docker_as_the_cluster_test_does() -> 
     for name in ("AIRFLOW__CORE__EXECUTOR=LocalExecutor", "AIRFLOW_CONN_SPARK_DEFAULT="):
         assert name in block
     for name in S3_ENV[:3] + STATEKEEPER_ENV:
-        assert name in readme.split("## Running on a cluster", 1)[1]
+        assert name in guide.split("## Running on a cluster", 1)[1]

@@ -73,7 +73,8 @@ def test_java_fixture_every_snapshot_matches_the_manifest(flink_fixtures: FlinkF
         assert {op.uid for op in m.operators} == {"txn-source", "agg", "sink"}
 
 
-# PyFlink archive, FLINK_FORMAT.md §4 table: (dir, id, kind, format, files, bytes, inline handles).
+# The PyFlink archive (docs/flink-format.md §4 table):
+# (dir, id, kind, format, files, bytes, inline handles).
 PY_SNAPSHOTS = [
     (
         "rocks/checkpoints/92444c5a6956ad1f4e7301b84f30217c/chk-2",

@@ -194,7 +194,7 @@ class KeyedStateBackend(ABC):
         self._watermark = INT64_MIN
         self._key: Any = None
         self._has_key = False
-        self._kgi: int | None = None  # key group - range start; None until a key is set
+        self._key_group_index: int | None = None  # key group - range start; None until a key is set
         self._key_group = -1
         self._key_bytes: Any = None
         self._key_cache: dict[Any, tuple[int, int, Any]] = {}
@@ -232,14 +232,14 @@ class KeyedStateBackend(ABC):
         if info is None:
             info = self._compute_key_info(key)
         self._key = key
-        self._kgi, self._key_group, self._key_bytes = info
+        self._key_group_index, self._key_group, self._key_bytes = info
 
     def _set_current_key_wall(self, key: Any) -> None:
         info = self._key_cache.get(key)
         if info is None:
             info = self._compute_key_info(key)
         self._key = key
-        self._kgi, self._key_group, self._key_bytes = info
+        self._key_group_index, self._key_group, self._key_bytes = info
         self._pt_now = _time_ns() // 1_000_000
 
     def _specialise_set_current_key(self) -> None:
@@ -262,7 +262,7 @@ class KeyedStateBackend(ABC):
         if info is None:
             info = self._compute_key_info(key)
         self._key = key
-        self._kgi, self._key_group, self._key_bytes = info
+        self._key_group_index, self._key_group, self._key_bytes = info
         if self._sample_time:
             self._pt_now = _time_ns() // 1_000_000 if self._wall_clock else self._clock_now()
         if self._record_cleanups:
@@ -271,13 +271,13 @@ class KeyedStateBackend(ABC):
 
     @property
     def current_key(self) -> Any:
-        if self._kgi is None:
+        if self._key_group_index is None:
             raise self.no_current_key("current_key")
         return self._key
 
     @property
     def current_key_group(self) -> int:
-        if self._kgi is None:
+        if self._key_group_index is None:
             raise self.no_current_key("current_key_group")
         return self._key_group
 
@@ -324,7 +324,7 @@ class KeyedStateBackend(ABC):
         ):
             if not self._sample_time:
                 self._sample_time = True
-                if self._kgi is not None:
+                if self._key_group_index is not None:
                     self._pt_now = self._clock_now()
                 self._specialise_set_current_key()
             return True, self._sampled_time

@@ -142,7 +142,7 @@ class HeapState(State):
             self._install_fast()
 
     def _slot(self) -> int:
-        index = self._backend._kgi
+        index = self._backend._key_group_index
         if index is None:
             raise self._backend.no_current_key(f"state {self.name!r}")
         return index + self._offset
@@ -255,7 +255,7 @@ class HeapValueState(HeapState, ValueState):
 
     def _value_plain(self) -> Any:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if self._frozen and slot in self._frozen:
             return HeapValueState.value(self)  # copies the slot first (see _copy_table)
         try:
@@ -265,7 +265,7 @@ class HeapValueState(HeapState, ValueState):
 
     def _value_ttl(self) -> Any:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if self._frozen and slot in self._frozen:
             return HeapValueState.value(self)
         try:
@@ -280,7 +280,7 @@ class HeapValueState(HeapState, ValueState):
 
     def _update_plain(self, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if value is None or slot is None or (self._frozen and slot in self._frozen):
             HeapValueState.update(self, value)
             return
@@ -288,7 +288,7 @@ class HeapValueState(HeapState, ValueState):
 
     def _update_ttl(self, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if value is None or slot is None or (self._frozen and slot in self._frozen):
             HeapValueState.update(self, value)
             return
@@ -296,7 +296,7 @@ class HeapValueState(HeapState, ValueState):
 
     def _update_plain_tracked(self, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if value is None or slot is None or (self._frozen and slot in self._frozen):
             HeapValueState.update(self, value)
             return
@@ -305,7 +305,7 @@ class HeapValueState(HeapState, ValueState):
 
     def _update_ttl_tracked(self, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if value is None or slot is None or (self._frozen and slot in self._frozen):
             HeapValueState.update(self, value)
             return
@@ -315,7 +315,7 @@ class HeapValueState(HeapState, ValueState):
     def value(self) -> Any:
         backend = self._backend
         try:
-            slot = backend._kgi + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            slot = backend._key_group_index + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         table = self._tables[slot]
@@ -354,7 +354,7 @@ class HeapValueState(HeapState, ValueState):
             return
         backend = self._backend
         try:
-            slot = backend._kgi + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            slot = backend._key_group_index + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         table = self._tables[slot]
@@ -498,7 +498,7 @@ class HeapListState(HeapState, ListState):
     def _get_plain(self) -> list[Any]:
         backend = self._backend
         try:
-            stored = self._tables[backend._kgi].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            stored = self._tables[backend._key_group_index].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         return [] if stored is None else list(stored)
@@ -506,7 +506,7 @@ class HeapListState(HeapState, ListState):
     def _get_ttl(self) -> list[Any]:
         backend = self._backend
         try:
-            stored = self._tables[backend._kgi].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            stored = self._tables[backend._key_group_index].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         if stored is None:
@@ -518,7 +518,7 @@ class HeapListState(HeapState, ListState):
 
     def _add_plain(self, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if value is None or slot is None or (self._frozen and slot in self._frozen):
             HeapListState.add(self, value)
             return
@@ -531,7 +531,7 @@ class HeapListState(HeapState, ListState):
 
     def _add_ttl(self, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if value is None or slot is None or (self._frozen and slot in self._frozen):
             HeapListState.add(self, value)
             return
@@ -544,7 +544,7 @@ class HeapListState(HeapState, ListState):
 
     def _add_tracked(self, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if value is None or slot is None or (self._frozen and slot in self._frozen):
             HeapListState.add(self, value)
             return
@@ -557,7 +557,7 @@ class HeapListState(HeapState, ListState):
     def get(self) -> list[Any]:
         backend = self._backend
         try:
-            table = self._tables[backend._kgi + self._offset]  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            table = self._tables[backend._key_group_index + self._offset]  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         stored = table.get(backend._key if self._void else (backend._key, self._namespace))
@@ -596,7 +596,7 @@ class HeapListState(HeapState, ListState):
             raise null_element(self.name)
         backend = self._backend
         try:
-            slot = backend._kgi + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            slot = backend._key_group_index + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         table = self._tables[slot]
@@ -709,7 +709,7 @@ class HeapMapState(HeapState, MapState):
     def _get_plain(self, key: Any) -> Any:
         backend = self._backend
         try:
-            user_map = self._tables[backend._kgi].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            user_map = self._tables[backend._key_group_index].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         return None if user_map is None else user_map.get(key)
@@ -717,7 +717,7 @@ class HeapMapState(HeapState, MapState):
     def _get_ttl(self, key: Any) -> Any:
         backend = self._backend
         try:
-            user_map = self._tables[backend._kgi].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            user_map = self._tables[backend._key_group_index].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         if user_map is None:
@@ -731,7 +731,7 @@ class HeapMapState(HeapState, MapState):
 
     def _put_plain(self, key: Any, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if slot is None or (self._frozen and slot in self._frozen):
             HeapMapState.put(self, key, value)
             return
@@ -744,7 +744,7 @@ class HeapMapState(HeapState, MapState):
 
     def _put_ttl(self, key: Any, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if slot is None or (self._frozen and slot in self._frozen):
             HeapMapState.put(self, key, value)
             return
@@ -758,7 +758,7 @@ class HeapMapState(HeapState, MapState):
     def _contains_plain(self, key: Any) -> bool:
         backend = self._backend
         try:
-            user_map = self._tables[backend._kgi].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            user_map = self._tables[backend._key_group_index].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         return user_map is not None and key in user_map
@@ -768,7 +768,7 @@ class HeapMapState(HeapState, MapState):
 
     def _put_plain_tracked(self, key: Any, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if slot is None or (self._frozen and slot in self._frozen):
             HeapMapState.put(self, key, value)
             return
@@ -782,7 +782,7 @@ class HeapMapState(HeapState, MapState):
 
     def _put_ttl_tracked(self, key: Any, value: Any) -> None:
         backend = self._backend
-        slot = backend._kgi
+        slot = backend._key_group_index
         if slot is None or (self._frozen and slot in self._frozen):
             HeapMapState.put(self, key, value)
             return
@@ -797,7 +797,7 @@ class HeapMapState(HeapState, MapState):
     def _items_plain(self) -> list[tuple[Any, Any]]:
         backend = self._backend
         try:
-            user_map = self._tables[backend._kgi].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            user_map = self._tables[backend._key_group_index].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         return [] if user_map is None else list(user_map.items())
@@ -805,7 +805,7 @@ class HeapMapState(HeapState, MapState):
     def _items_ttl(self) -> list[tuple[Any, Any]]:
         backend = self._backend
         try:
-            user_map = self._tables[backend._kgi].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
+            user_map = self._tables[backend._key_group_index].get(backend._key)  # type: ignore[index]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         if user_map is None:
@@ -819,7 +819,7 @@ class HeapMapState(HeapState, MapState):
     def _map(self) -> tuple[int, Any, dict[Any, Any] | None]:
         backend = self._backend
         try:
-            slot = backend._kgi + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            slot = backend._key_group_index + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         composite = backend._key if self._void else (backend._key, self._namespace)
@@ -856,7 +856,7 @@ class HeapMapState(HeapState, MapState):
     def get(self, key: Any) -> Any:
         backend = self._backend
         try:
-            slot = backend._kgi + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            slot = backend._key_group_index + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         composite = backend._key if self._void else (backend._key, self._namespace)
@@ -891,7 +891,7 @@ class HeapMapState(HeapState, MapState):
     def put(self, key: Any, value: Any) -> None:
         backend = self._backend
         try:
-            slot = backend._kgi + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
+            slot = backend._key_group_index + self._offset  # type: ignore[operator]  # _kgi is None without a current key; the TypeError is the check
         except TypeError:
             raise backend.no_current_key(f"state {self.name!r}") from None
         table = self._tables[slot]

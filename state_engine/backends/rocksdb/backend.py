@@ -152,25 +152,25 @@ class _RocksState(State):
     def __init__(self, backend: RocksDBKeyedStateBackend, meta: StateMetaInfo) -> None:
         self.name = meta.name
         self.meta = meta
-        self._b = backend
+        self._backend = backend
         cf = backend._cf(meta.name)
-        self._cf = cf
-        self._dbget = cf.get
-        self._w: Overlay = backend._overlay(meta.name)
-        self._ns_ser = meta.serializers["namespace"]
-        self._nsb = b"\x00"
-        self._vser = meta.serializers["value"].serialize
-        self._vde = meta.serializers["value"].deserialize
+        self._column_family = cf
+        self._db_get = cf.get
+        self._pending: Overlay = backend._overlay(meta.name)
+        self._namespace_serializer = meta.serializers["namespace"]
+        self._namespace_bytes = b"\x00"
+        self._serialize_value = meta.serializers["value"].serialize
+        self._deserialize_value = meta.serializers["value"].deserialize
         ttl = meta.ttl
         self._ttl = ttl
         self._ttl_ms = ttl.ttl_ms if ttl else 0
-        self._upd_read = bool(ttl and ttl.update_on_read)
-        self._ret_exp = bool(ttl and ttl.return_expired)
+        self._update_on_read = bool(ttl and ttl.update_on_read)
+        self._return_expired = bool(ttl and ttl.return_expired)
         self._sampled: bool
         self._sampled, self._now = backend.state_time(meta)
 
     def _time(self) -> int:
-        return self._b._pt_now if self._sampled else self._now()
+        return self._backend._pt_now if self._sampled else self._now()
 
     def _detach(self) -> None:
         """Drop the column-family handle (the backend closed); later use raises StateError."""
@@ -179,49 +179,49 @@ class _RocksState(State):
         def refuse(*_: Any) -> Any:
             raise closed.refusal()
 
-        self._cf = None
-        self._dbget = refuse
-        self._w = closed
+        self._column_family = None
+        self._db_get = refuse
+        self._pending = closed
 
     def _getb(self, k: bytes) -> bytes | None:
         """The row ``k``: its unflushed write if the overlay has one (None: deleted), else the
         DB's."""
-        w = self._w
-        return w[k] if k in w else self._dbget(k)
+        w = self._pending
+        return w[k] if k in w else self._db_get(k)
 
     def _put(self, k: bytes, v: bytes | None) -> None:
         """Write (``None``: delete) the row ``k`` into the overlay, flushing it when full."""
-        w = self._w
+        w = self._pending
         w[k] = v
         if len(w) > OVERLAY_LIMIT:
-            self._b._flush(self.name)
+            self._backend._flush(self.name)
 
     def _del(self, k: bytes) -> None:
         self._put(k, None)
 
     def _scan_cf(self) -> Any:
         """The column family, with this state's overlay written into it first (for scans)."""
-        if self._w:
-            self._b._flush(self.name)
-        return self._cf
+        if self._pending:
+            self._backend._flush(self.name)
+        return self._column_family
 
     def set_current_namespace(self, namespace: Any) -> None:
         if namespace is VOID_NAMESPACE:
-            self._nsb = b"\x00"
+            self._namespace_bytes = b"\x00"
         else:
-            nb = self._ns_ser.serialize(namespace)
-            self._nsb = varint(len(nb)) + nb
+            nb = self._namespace_serializer.serialize(namespace)
+            self._namespace_bytes = varint(len(nb)) + nb
 
     def _prefix(self) -> bytes:
-        kb = self._b._key_bytes
+        kb = self._backend._key_bytes
         if kb is None:
-            raise self._b.no_current_key(f"state {self.name!r}")
-        prefix: bytes = kb + self._nsb
+            raise self._backend.no_current_key(f"state {self.name!r}")
+        prefix: bytes = kb + self._namespace_bytes
         return prefix
 
     def _enc(self, value: Any, now: int | None = None) -> bytes:
         try:
-            vb = self._vser(value)
+            vb = self._serialize_value(value)
         except SerializationError as e:
             raise _bad_value(self.name, e) from e
         if self._ttl is None:
@@ -232,8 +232,8 @@ class _RocksState(State):
         """TTL read of one stored row: the value bytes or None; cleans up or refreshes."""
         if _Q.unpack_from(raw)[0] <= now:
             self._del(k)
-            return raw[8:] if self._ret_exp else None
-        if self._upd_read:
+            return raw[8:] if self._return_expired else None
+        if self._update_on_read:
             self._put(k, _Q.pack(expiry(now, self._ttl_ms)) + raw[8:])
         return raw[8:]
 
@@ -260,43 +260,43 @@ class RocksValueState(_RocksState, ValueState):
         self._default = default
 
     def value(self) -> Any:
-        kb = self._b._key_bytes
+        kb = self._backend._key_bytes
         if kb is None:
-            raise self._b.no_current_key(f"state {self.name!r}")
-        k = kb + self._nsb
-        w = self._w
-        raw = w[k] if k in w else self._dbget(k)
+            raise self._backend.no_current_key(f"state {self.name!r}")
+        k = kb + self._namespace_bytes
+        w = self._pending
+        raw = w[k] if k in w else self._db_get(k)
         if raw is None:
             return self._default
         if self._ttl is not None:
-            if self._upd_read or _Q.unpack_from(raw)[0] <= (
-                self._b._pt_now if self._sampled else self._now()
+            if self._update_on_read or _Q.unpack_from(raw)[0] <= (
+                self._backend._pt_now if self._sampled else self._now()
             ):
                 raw = self._ttl_check(k, raw, self._time())
                 if raw is None:
                     return self._default
             else:
-                return self._vde(raw[8:])
-        return self._vde(raw)
+                return self._deserialize_value(raw[8:])
+        return self._deserialize_value(raw)
 
     def update(self, value: Any) -> None:
         if value is None:
             self.clear()
             return
-        kb = self._b._key_bytes
+        kb = self._backend._key_bytes
         if kb is None:
-            raise self._b.no_current_key(f"state {self.name!r}")
+            raise self._backend.no_current_key(f"state {self.name!r}")
         try:
-            vb = self._vser(value)
+            vb = self._serialize_value(value)
         except SerializationError as e:
             raise _bad_value(self.name, e) from e
         if self._ttl is not None:
-            exp = (self._b._pt_now if self._sampled else self._now()) + self._ttl_ms
+            exp = (self._backend._pt_now if self._sampled else self._now()) + self._ttl_ms
             vb = _Q.pack(exp if exp <= INT64_MAX else INT64_MAX) + vb
-        w = self._w
-        w[kb + self._nsb] = vb
+        w = self._pending
+        w[kb + self._namespace_bytes] = vb
         if len(w) > OVERLAY_LIMIT:
-            self._b._flush(self.name)
+            self._backend._flush(self.name)
 
 
 class _RocksFolding(_RocksState):
@@ -309,17 +309,17 @@ class _RocksFolding(_RocksState):
             raw = self._ttl_check(k, raw, self._time())
             if raw is None:
                 return k, None
-        return k, self._vde(raw)
+        return k, self._deserialize_value(raw)
 
     def _peek_for_add(self, k: bytes) -> Any:
         raw = self._getb(k)
         if raw is None:
             return None
         if self._ttl is not None:
-            if _Q.unpack_from(raw)[0] <= self._time() and not self._ret_exp:
+            if _Q.unpack_from(raw)[0] <= self._time() and not self._return_expired:
                 return None
             raw = raw[8:]
-        return self._vde(raw)
+        return self._deserialize_value(raw)
 
 
 class RocksReducingState(_RocksFolding, ReducingState):
@@ -327,7 +327,7 @@ class RocksReducingState(_RocksFolding, ReducingState):
 
     def __init__(self, backend: RocksDBKeyedStateBackend, meta: StateMetaInfo, fn: Any) -> None:
         super().__init__(backend, meta)
-        self._fn = fn
+        self._transform = fn
 
     def get(self) -> Any:
         return self._read()[1]
@@ -337,7 +337,7 @@ class RocksReducingState(_RocksFolding, ReducingState):
             raise StateError(f"reducing state {self.name!r} cannot add None: filter it out")
         k = self._prefix()
         cur = self._peek_for_add(k)
-        self._put(k, self._enc(value if cur is None else self._fn(cur, value)))
+        self._put(k, self._enc(value if cur is None else self._transform(cur, value)))
 
 
 class RocksAggregatingState(_RocksFolding, AggregatingState):
@@ -345,18 +345,18 @@ class RocksAggregatingState(_RocksFolding, AggregatingState):
 
     def __init__(self, backend: RocksDBKeyedStateBackend, meta: StateMetaInfo, fn: Any) -> None:
         super().__init__(backend, meta)
-        self._fn = fn
+        self._transform = fn
 
     def get(self) -> Any:
         acc = self._read()[1]
-        return None if acc is None else self._fn.get_result(acc)
+        return None if acc is None else self._transform.get_result(acc)
 
     def add(self, value: Any) -> None:
         k = self._prefix()
         acc = self._peek_for_add(k)
         if acc is None:
-            acc = self._fn.create_accumulator()
-        self._put(k, self._enc(self._fn.add(value, acc)))
+            acc = self._transform.create_accumulator()
+        self._put(k, self._enc(self._transform.add(value, acc)))
 
 
 class RocksListState(_RocksState, ListState):
@@ -365,27 +365,27 @@ class RocksListState(_RocksState, ListState):
     kind = StateKind.LIST
 
     def get(self) -> list[Any]:
-        kb = self._b._key_bytes
+        kb = self._backend._key_bytes
         if kb is None:
-            raise self._b.no_current_key(f"state {self.name!r}")
-        k = kb + self._nsb
+            raise self._backend.no_current_key(f"state {self.name!r}")
+        k = kb + self._namespace_bytes
         raw = self._getb(k)
         if raw is None:
             return []
-        de = self._vde
+        de = self._deserialize_value
         if self._ttl is None:
             return [de(e) for e in list_values(raw)]
         elements = decode_list(raw, True)
-        now = self._b._pt_now if self._sampled else self._now()
+        now = self._backend._pt_now if self._sampled else self._now()
         live = [(e, x) for e, x in elements if x > now]  # type: ignore[operator]  # TTL lists and values always carry an expiry; None only without TTL
         if len(live) != len(elements):
             if live:
                 self._put(k, encode_list([e for e, _ in live], [x for _, x in live]))  # type: ignore[misc]  # the expiries of a TTL list are ints, as decode_list gives them
             else:
                 self._del(k)
-            if self._ret_exp:
+            if self._return_expired:
                 return [de(e) for e, _ in elements]
-        elif self._upd_read and live:
+        elif self._update_on_read and live:
             exp = expiry(now, self._ttl_ms)
             self._put(k, encode_list([e for e, _ in live], [exp] * len(live)))
         return [de(e) for e, _ in live]
@@ -393,18 +393,18 @@ class RocksListState(_RocksState, ListState):
     def add(self, value: Any) -> None:
         if value is None:
             raise null_element(self.name)
-        kb = self._b._key_bytes
+        kb = self._backend._key_bytes
         if kb is None:
-            raise self._b.no_current_key(f"state {self.name!r}")
-        k = kb + self._nsb
+            raise self._backend.no_current_key(f"state {self.name!r}")
+        k = kb + self._namespace_bytes
         try:
-            vb = self._vser(value)
+            vb = self._serialize_value(value)
         except SerializationError as e:
             raise _bad_value(self.name, e) from e
         n = len(vb)
         enc = (bytes((n,)) if n < 0x80 else varint(n)) + vb
         if self._ttl is not None:
-            exp = (self._b._pt_now if self._sampled else self._now()) + self._ttl_ms
+            exp = (self._backend._pt_now if self._sampled else self._now()) + self._ttl_ms
             enc = _Q.pack(exp if exp <= INT64_MAX else INT64_MAX) + enc
         raw = self._getb(k)
         self._put(k, enc if raw is None else raw + enc)
@@ -427,7 +427,7 @@ class RocksListState(_RocksState, ListState):
     def _encode_all(self, values: Iterable[Any]) -> bytes:
         vals = list_elements(self.name, values)
         try:
-            elements = [self._vser(v) for v in vals]
+            elements = [self._serialize_value(v) for v in vals]
         except SerializationError as e:
             raise _bad_value(self.name, e) from e
         if self._ttl is None:
@@ -441,7 +441,7 @@ class RocksMapState(_RocksState, MapState):
     def __init__(self, backend: RocksDBKeyedStateBackend, meta: StateMetaInfo) -> None:
         super().__init__(backend, meta)
         self._kser = meta.serializers["user_key"].serialize
-        self._kde = meta.serializers["user_key"].deserialize
+        self._deserialize_user_key = meta.serializers["user_key"].deserialize
 
     def _ukey(self, key: Any) -> bytes:
         try:
@@ -450,27 +450,27 @@ class RocksMapState(_RocksState, MapState):
             raise _bad_value(self.name, e) from e
 
     def get(self, key: Any) -> Any:
-        kb = self._b._key_bytes
+        kb = self._backend._key_bytes
         if kb is None:
-            raise self._b.no_current_key(f"state {self.name!r}")
+            raise self._backend.no_current_key(f"state {self.name!r}")
         try:
-            k = kb + self._nsb + self._kser(key)
+            k = kb + self._namespace_bytes + self._kser(key)
         except SerializationError as e:
             raise _bad_value(self.name, e) from e
-        w = self._w
-        raw = w[k] if k in w else self._dbget(k)
+        w = self._pending
+        raw = w[k] if k in w else self._db_get(k)
         if raw is None:
             return None
         if self._ttl is not None:
-            if self._upd_read or _Q.unpack_from(raw)[0] <= (
-                self._b._pt_now if self._sampled else self._now()
+            if self._update_on_read or _Q.unpack_from(raw)[0] <= (
+                self._backend._pt_now if self._sampled else self._now()
             ):
                 raw = self._ttl_check(k, raw, self._time())
                 if raw is None:
                     return None
             else:
-                return self._vde(raw[8:])
-        return self._vde(raw)
+                return self._deserialize_value(raw[8:])
+        return self._deserialize_value(raw)
 
     def contains(self, key: Any) -> bool:
         if self._ttl is None:
@@ -478,21 +478,21 @@ class RocksMapState(_RocksState, MapState):
         return self.get(key) is not None
 
     def put(self, key: Any, value: Any) -> None:
-        kb = self._b._key_bytes
+        kb = self._backend._key_bytes
         if kb is None:
-            raise self._b.no_current_key(f"state {self.name!r}")
+            raise self._backend.no_current_key(f"state {self.name!r}")
         try:
-            k = kb + self._nsb + self._kser(key)
-            vb = self._vser(value)
+            k = kb + self._namespace_bytes + self._kser(key)
+            vb = self._serialize_value(value)
         except SerializationError as e:
             raise _bad_value(self.name, e) from e
         if self._ttl is not None:
-            exp = (self._b._pt_now if self._sampled else self._now()) + self._ttl_ms
+            exp = (self._backend._pt_now if self._sampled else self._now()) + self._ttl_ms
             vb = _Q.pack(exp if exp <= INT64_MAX else INT64_MAX) + vb
-        w = self._w
+        w = self._pending
         w[k] = vb
         if len(w) > OVERLAY_LIMIT:
-            self._b._flush(self.name)
+            self._backend._flush(self.name)
 
     def put_all(self, entries: Mapping[Any, Any]) -> None:
         if not isinstance(entries, Mapping):
@@ -514,7 +514,7 @@ class RocksMapState(_RocksState, MapState):
     def items(self) -> list[tuple[Any, Any]]:
         p = self._prefix()
         n = len(p)
-        kde, vde = self._kde, self._vde
+        kde, vde = self._deserialize_user_key, self._deserialize_value
         if self._ttl is None:
             return [(kde(k[n:]), vde(v)) for k, v in _scan(self._scan_cf(), p)]
         now = self._time()
@@ -529,7 +529,7 @@ class RocksMapState(_RocksState, MapState):
         if self._ttl is None:
             p = self._prefix()
             n = len(p)
-            return [self._kde(k[n:]) for k, _ in _scan(self._scan_cf(), p)]
+            return [self._deserialize_user_key(k[n:]) for k, _ in _scan(self._scan_cf(), p)]
         return [k for k, _ in self.items()]
 
     def values(self) -> list[Any]:
@@ -558,7 +558,7 @@ class RocksDBStateView(KeyedStateView):
         opts = _options()
         cfs = {CF_PREFIX + n: rd.Options(raw_mode=True) for n in self._metas}
         self._db = rd.Rdict(str(path), opts, column_families=cfs)
-        self._cfs = {n: self._db.get_column_family(CF_PREFIX + n) for n in self._metas}
+        self._column_families = {n: self._db.get_column_family(CF_PREFIX + n) for n in self._metas}
 
     @property
     def states(self) -> Mapping[str, StateMetaInfo]:
@@ -580,7 +580,7 @@ class RocksDBStateView(KeyedStateView):
                 ttl = meta.ttl is not None
                 now = self._now[name]
                 is_list = meta.kind is StateKind.LIST
-                for k, raw in _scan(self._cfs[name], kgp):
+                for k, raw in _scan(self._column_families[name], kgp):
                     klen, p = read_varint(k, plen)
                     kb = k[p : p + klen]
                     p += klen
@@ -613,7 +613,7 @@ class RocksDBStateView(KeyedStateView):
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._cfs.clear()
+            self._column_families.clear()
             self._db.close()
             shutil.rmtree(self._path, ignore_errors=True)
 
@@ -654,7 +654,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._kg_prefixes = [
             key_group_prefix(kg, self.max_parallelism) for kg in range(self.max_parallelism)
         ]
-        self._wo = _write_options()
+        self._write_options = _write_options()
         existing: list[str] = []
         if (self.db_path / "CURRENT").exists():
             existing = [n for n in rd.Rdict.list_cf(str(self.db_path)) if n != "default"]
@@ -664,8 +664,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             _options(),
             column_families={n: _cf_options() for n in existing},
         )
-        self._db.set_write_options(self._wo)
-        self._cfs: dict[str, Any] = {}
+        self._db.set_write_options(self._write_options)
+        self._column_families: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}  # column-family handles, for write batches
         self._overlays: dict[str, Overlay] = {}
         for _, v in _scan(self._db, META_PREFIX):
@@ -685,15 +685,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return self._kg_prefixes[key_group] + varint(len(kb)) + kb
 
     def _cf(self, name: str) -> Any:
-        cf = self._cfs.get(name)
+        cf = self._column_families.get(name)
         if cf is None:
             cf_name = CF_PREFIX + name
             try:
                 cf = self._db.get_column_family(cf_name)
             except Exception:
                 cf = self._db.create_column_family(cf_name, _cf_options())
-            cf.set_write_options(self._wo)
-            self._cfs[name] = cf
+            cf.set_write_options(self._write_options)
+            self._column_families[name] = cf
             self._handles[name] = self._db.get_column_family_handle(cf_name)
         return cf
 
@@ -707,7 +707,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         write_overlays(
             self._db,
             [(self._handles[n], self._overlays[n]) for n in names if self._overlays.get(n)],
-            self._wo,
+            self._write_options,
         )
 
     def _save_meta(self, meta: StateMetaInfo) -> None:
@@ -933,7 +933,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 for st in self._states.values():
                     st._detach()  # type: ignore[attr-defined]  # every state class of this backend has _detach
                 self._states.clear()
-                self._cfs.clear()
+                self._column_families.clear()
                 self._handles.clear()
                 self._db.close()
         super().close()

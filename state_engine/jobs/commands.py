@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from state_engine.config import Settings
+from state_engine.ids import id_arg
 from state_engine.snapshot_enums import SnapshotKind
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
@@ -50,7 +51,7 @@ def _ttl_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _input_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--snapshot", type=int, help="input snapshot id")
+    p.add_argument("--snapshot", type=id_arg(), help="input snapshot id")
     p.add_argument("--job", help="job name (default input: its latest completed snapshot)")
 
 

@@ -159,7 +159,7 @@ def register(commands: Any) -> None:
     snapshots = command(commands, "snapshots", cmd_snapshots, "list a job's snapshots")
     snapshots.add_argument("job", metavar="JOB", help="job name")
     snapshots.add_argument("--status", help="only this status (e.g. COMPLETED)")
-    snapshots.add_argument("--limit", type=id_arg("limit", 0), default=None, help="at most this many")
+    snapshots.add_argument("--limit", type=id_arg("limit", 0), help="at most this many")
 
     show = command(commands, "show", cmd_show, "show one snapshot: sizes and key-group skew")
     show.add_argument("snapshot", metavar="SNAPSHOT", type=id_arg(), help="snapshot id")

@@ -71,6 +71,9 @@ def _flink_savepoint(args: argparse.Namespace) -> dict[str, Any] | None:
             ttl=convert.parse_ttl(args.ttl),
             pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
             run_id=args.run_id,
+            dag_id=args.dag_id,
+            airflow_run_id=args.airflow_run_id,
+            task_id=args.task_id,
             settings=settings,
         )
 

@@ -74,7 +74,9 @@ browser:
 	fi
 
 # Airflow on the embedded defaults: one process tree (`airflow standalone`: scheduler, DAG
-# processor, triggerer, API server) on SQLite under .statekeeper/airflow. Ctrl-C stops it.
+# processor, triggerer, API server) on SQLite under $STATEKEEPER_HOME/airflow (default
+# .statekeeper/airflow). Ctrl-C stops the whole tree within seconds: tools/run_group.py runs it as
+# a process group of its own and terminates (after 5 s kills) every process in it.
 # PATH: standalone starts its components as `airflow ...` subprocesses.
 # Loopback only by default: the simple auth manager keeps its password in a plain file, so the UI
 # is not offered to the network unless asked (`make airflow AIRFLOW_HOST=0.0.0.0`). Task slots
@@ -83,7 +85,8 @@ browser:
 AIRFLOW_PORT ?= 8080
 AIRFLOW_HOST ?= 127.0.0.1
 AIRFLOW_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
-SK_HOME      := $(CURDIR)/.statekeeper
+# STATEKEEPER_HOME from the environment (or the command line) wins; relative to this directory
+SK_HOME      := $(abspath $(or $(STATEKEEPER_HOME),$(CURDIR)/.statekeeper))
 AIRFLOW_ENV  := STATEKEEPER_HOME=$(SK_HOME) AIRFLOW_HOME=$(SK_HOME)/airflow \
 	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
@@ -108,7 +111,7 @@ airflow: install
 	@echo "             (with AIRFLOW_HOME=$(SK_HOME)/airflow), or its toggle in the UI"
 	@echo "Stop:        Ctrl-C"
 	@echo ""
-	$(AIRFLOW_ENV) exec $(VENV)/bin/airflow standalone
+	$(AIRFLOW_ENV) exec $(PY) tools/run_group.py $(VENV)/bin/airflow standalone
 
 # ruff (lint and format) over the repository; mypy over what [tool.mypy] in pyproject.toml names
 # (state_engine/ strict; plugins/, dags/ and tests/ with mypy's default checks).

@@ -8,6 +8,7 @@ from airflow.sdk import Param, dag
 from statekeeper_airflow.actions import job_examples
 from statekeeper_airflow.operators import StatekeeperJobOperator
 
+from state_engine.ids import MAX_ID
 from state_engine.parallelism_limits import UPPER_BOUND_MAX_PARALLELISM
 
 MAX_PARALLELISM = UPPER_BOUND_MAX_PARALLELISM  # and so the upper bound on parallelism
@@ -78,6 +79,7 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             None,
             type=["null", "integer"],
             minimum=1,
+            maximum=MAX_ID,
             title="Source snapshot",
             description="Id of the completed snapshot to rescale; leave empty for the job's "
             "latest completed snapshot.",

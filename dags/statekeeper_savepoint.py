@@ -8,6 +8,9 @@ from airflow.sdk import Param, dag
 from statekeeper_airflow.actions import job_examples
 from statekeeper_airflow.operators import StatekeeperJobOperator
 
+from state_engine.ids import MAX_ID
+from state_engine.names import MAX_JOB_NAME_LENGTH
+
 DOC = """
 ### Statekeeper savepoint
 
@@ -16,9 +19,9 @@ relocatable canonical SAVEPOINT of a completed snapshot of `job`: canonical, hea
 RocksDB native inputs alike. The savepoint holds relative paths only: its directory can be
 copied or moved and still restores. Savepoints belong to the user: no scheduled DAG expires them.
 
-The run is recorded in the catalog with this DAG's id and run id; the new snapshot is an asset
-event on `statekeeper://<job>/snapshots`. A job or snapshot the catalog does not know fails the
-task at once (no retry) with the reason, and the catalog records the FAILED run.
+The run is recorded in the catalog with this DAG's id, run id and task id; the new snapshot is an
+asset event on `statekeeper://<job>/snapshots`. A job or snapshot the catalog does not know fails
+the task at once (no retry) with the reason; such a run is not recorded in the catalog.
 Spark runs in-process (`local[*]`) unless the `spark_default` connection names a cluster.
 
 **Params**
@@ -30,6 +33,10 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
   savepoint directory.
 - `drop_expired`: leave out entries whose processing-time TTL had expired when the run was
   triggered.
+- `ttl` (Flink jobs only): the TTL of each TTL state in ms, one `STATE=MS` per item (Flink does
+  not store it; without it the converted state loses its TTL).
+- `pyflink_types` (PyFlink jobs only): how each Python state is coded, one
+  `STATE=KIND[:TYPE[:TYPE]]` per item, e.g. `total=value:LONG`.
 """
 
 
@@ -47,6 +54,7 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
         "job": Param(
             type="string",
             minLength=1,
+            maxLength=MAX_JOB_NAME_LENGTH,
             # the catalog's jobs when this file was parsed, as suggestions (any name is accepted)
             **job_examples(),
             title="Job",
@@ -56,6 +64,7 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             None,
             type=["null", "integer"],
             minimum=1,
+            maximum=MAX_ID,
             title="Source snapshot",
             description="Id of the completed snapshot to capture; leave empty for the job's "
             "latest completed snapshot.",
@@ -75,6 +84,22 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             description="Leave out entries whose processing-time TTL had expired when this run "
             "was triggered.",
         ),
+        "ttl": Param(
+            [],
+            type=["null", "array"],
+            items={"type": "string", "pattern": "^[^=]+=[1-9][0-9]*$"},
+            title="TTLs of a Flink job's states (ms)",
+            description="Flink jobs only: one STATE=MS per line, the TTL the Flink job configured "
+            "for that state (Flink does not store it), e.g. lastSeen=3600000.",
+        ),
+        "pyflink_types": Param(
+            [],
+            type=["null", "array"],
+            items={"type": "string", "pattern": "^[^=]+=.+$"},
+            title="PyFlink state types",
+            description="PyFlink jobs only: one STATE=KIND[:TYPE[:TYPE]] per line, how a Python "
+            "state is coded, e.g. total=value:LONG.",
+        ),
     },
 )
 def statekeeper_savepoint() -> None:
@@ -88,6 +113,9 @@ def statekeeper_savepoint() -> None:
             # the trigger time, not the task's: a retry drops exactly what the first try dropped
             "at": "{{ (dag_run.run_after.timestamp() * 1000) | int "
             "if params.drop_expired else None }}",
+            # empty lists stay unset: only a Flink job's conversion takes them
+            "ttl": "{{ params.ttl or None }}",
+            "pyflink_types": "{{ params.pyflink_types or None }}",
         },
     )
 

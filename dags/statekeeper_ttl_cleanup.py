@@ -9,6 +9,8 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 from statekeeper_airflow.operators import SNAPSHOTS, StatekeeperJobOperator
 
+from state_engine.ids import MAX_ID
+
 log = logging.getLogger(__name__)
 
 DOC = """
@@ -52,6 +54,7 @@ drops entries the job would still read.
             None,
             type=["null", "integer"],
             minimum=0,
+            maximum=MAX_ID,
             title="Event-time watermark (epoch ms)",
             description="Entries of event-time TTL states expire against this watermark; leave "
             "empty to keep every event-time state as it is.",
@@ -60,6 +63,7 @@ drops entries the job would still read.
             None,
             type=["null", "integer"],
             minimum=0,
+            maximum=MAX_ID,
             title="Processing time (epoch ms)",
             description="Entries of processing-time TTL states expire against this time; leave "
             "empty to use the time of the run.",

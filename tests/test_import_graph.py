@@ -24,7 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "state_engine"
 
 #: Used by every layer: the standard library only, or (config, faults) errors alone.
-_LEAVES = {"checkpoint_dirs", "collector", "errors", "lazy", "parallelism_limits", "snapshot_enums"}
+_LEAVES = {
+    "checkpoint_dirs", "collector", "errors", "ids", "lazy", "names", "parallelism_limits",
+    "snapshot_enums",
+}  # fmt: skip
 #: Keys, hashing, serializers and the state API: what every state-handling layer may use.
 _FOUNDATION = _LEAVES | {"config", "faults", "formatting", "hashing", "keygroups", "serde", "state"}
 #: The maintenance framework and what it builds on (no Spark, no runtime).
@@ -39,6 +42,9 @@ ALLOWED: dict[str, set[str]] = {
     "checkpoint_dirs": set(),
     "parallelism_limits": set(),
     "snapshot_enums": set(),
+    # the rules for names and ids from users
+    "names": {"errors"},
+    "ids": {"errors"},
     "config": {"errors"},
     "faults": {"errors"},
     "hashing": {"errors"},
@@ -49,7 +55,7 @@ ALLOWED: dict[str, set[str]] = {
     # what a snapshot is on storage: below the backends and the checkpoint orchestration
     "snapshot": _FOUNDATION - {"config", "formatting"},
     # the only package that speaks SQL: nothing of the state layer
-    "catalog": {"config", "errors", "parallelism_limits", "snapshot_enums"},
+    "catalog": {"config", "errors", "ids", "names", "parallelism_limits", "snapshot_enums"},
     "health": _LEAVES | {"catalog", "config", "formatting"},
     # keyed and operator state backends: they write through snapshot/, never checkpoint/
     "backends": (_FOUNDATION - {"config", "formatting"}) | {"snapshot"},

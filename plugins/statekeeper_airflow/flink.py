@@ -117,17 +117,34 @@ def run_flink_maintenance(
                     raise InvalidJobParams(str(exc)) from None  # no retry can fix it
             if snapshot is None:  # not reached: is_flink_job said it is a Flink job
                 raise InvalidJobParams(f"job {job!r} is not a Flink job")
+            from state_engine.errors import FlinkError
+            from state_engine.flink.pyflink import PyFlinkTypes
+
+            try:  # the form's TTLs and types: a typo there is no reason to retry
+                ttl = convert.parse_ttl(_listed(params.get("ttl")))
+                types = PyFlinkTypes.parse(_listed(params.get("pyflink_types")))
+            except FlinkError as exc:
+                raise InvalidJobParams(str(exc)) from None
             return convert.run(
                 catalog,
                 int(snapshot),
                 savepoint_dir=params.get("savepoint_dir"),
-                run_id=ids.get("run_id"),
+                ttl=ttl,
+                pyflink_types=types,
                 settings=settings,
+                **ids,
             )
         raise InvalidJobParams(
             f"{kind} does not work on Flink job {job!r} (its snapshots are Flink's): convert a "
             "snapshot with the savepoint DAG, then run it on the converted savepoint's job"
         )
+
+
+def _listed(value: Any) -> list[str]:
+    """A form's list (or one text, or nothing) as the list of ``STATE=...`` items."""
+    if not value:
+        return []
+    return [str(v) for v in (value if isinstance(value, list | tuple) else [value]) if v]
 
 
 # --- the REST savepoint trigger ---

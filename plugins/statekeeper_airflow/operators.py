@@ -7,7 +7,9 @@
   maintenance kind, job): an Airflow retry reuses it, so a run that already SUCCEEDED returns its
   recorded report (``skipped: true``) instead of writing its output twice, and a FAILED one is
   retried as the same catalog run (its next attempt finds what the failed one left);
-* record the DAG id and the Airflow run id with the run in the catalog;
+* record the DAG id, the Airflow run id and the task id with the run in the catalog;
+* refuse a job name that breaks the naming rule (:mod:`state_engine.names`) and a snapshot id
+  outside the catalog's 64-bit range (:mod:`state_engine.ids`) at once, without a retry;
 * return the run's report (XCom ``return_value``);
 * emit an asset event through the alias :data:`SNAPSHOTS` for the snapshot the run wrote, on the
   asset ``statekeeper://<job>/snapshots`` (one asset per Statekeeper job, created on first event),
@@ -128,6 +130,28 @@ def check_params(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def check_names_and_ids(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with the job name checked and the snapshot id a number in the catalog's range;
+    a bad one fails the task at once."""
+    from state_engine.errors import StatekeeperError
+    from state_engine.ids import check_id
+    from state_engine.names import check_job_name
+
+    out = dict(params)
+    try:
+        if out.get("job") is not None:
+            check_job_name(out["job"])
+        if out.get("snapshot") is not None:
+            out["snapshot"] = check_id(out["snapshot"], "snapshot id")
+    except StatekeeperError as exc:
+        raise AirflowFailException(f"{kind}: {exc}") from exc
+    return out
+
+
+#: Options of the savepoint job that only a conversion of a Flink job's snapshot uses.
+FLINK_ONLY = ("ttl", "pyflink_types")
+
+
 def run_maintenance(
     kind: str,
     job: str | None,
@@ -143,7 +167,7 @@ def run_maintenance(
     merged = dict(params or {})
     if job is not None:
         merged["job"] = job
-    merged = check_params(kind, merged)
+    merged = check_names_and_ids(kind, check_params(kind, merged))
     ti = context["ti"]
     dag_id, airflow_run_id = ti.dag_id, ti.run_id
     map_index = getattr(ti, "map_index", -1)
@@ -155,7 +179,12 @@ def run_maintenance(
         task_id=ti.task_id,
         map_index=-1 if map_index is None else map_index,
     )
-    ids = {"run_id": run_id, "dag_id": dag_id, "airflow_run_id": airflow_run_id}
+    ids = {
+        "run_id": run_id,
+        "dag_id": dag_id,
+        "airflow_run_id": airflow_run_id,
+        "task_id": ti.task_id,
+    }
     if kind in FLINK_KINDS:
         # a job imported from Apache Flink is maintained in-process, without Spark
         try:
@@ -166,6 +195,14 @@ def run_maintenance(
             if emit:
                 emit_snapshot_event(context, flink_report, kind)
             return flink_report
+    given = [name for name in FLINK_ONLY if merged.get(name)]
+    if given:
+        raise AirflowFailException(
+            f"{kind} of job {merged.get('job')!r}: {' and '.join(given)} apply to snapshots of "
+            "Flink jobs only (Statekeeper's own snapshots record their TTLs and types); leave "
+            "them empty"
+        )
+    merged = {k: v for k, v in merged.items() if k not in FLINK_ONLY}
     try:
         target = spark_target(conn_id)
     except SparkModeError as exc:

@@ -468,7 +468,7 @@ def options(values: list[str], chosen: str | None, everything: str) -> str:
 
 
 RUN_KINDS = ["compaction", "savepoint", "ttl_cleanup", "rescale", "expire", "orphan_cleanup"]
-RUN_STATUSES = ["RUNNING", "SUCCEEDED", "FAILED"]
+RUN_STATUSES = ["RUNNING", "SUCCEEDED", "FAILED", "DRY_RUN"]
 
 
 @router.get("/runs", response_class=HTMLResponse)

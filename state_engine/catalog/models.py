@@ -34,7 +34,7 @@ SNAPSHOT_FORMATS = tuple(f.value for f in SnapshotFormat)
 SNAPSHOT_STATUSES = tuple(s.value for s in SnapshotStatus)
 # Retained snapshots pin their files: nothing they reference may be deleted.
 RETAINED_STATUSES = tuple(s.value for s in RETAINED)
-RUN_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED")
+RUN_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "DRY_RUN")
 # Who wrote a job's snapshots: Statekeeper's runtime, or Apache Flink (imported, migration 0003).
 JOB_ORIGINS = ("statekeeper", "flink")
 
@@ -293,6 +293,7 @@ class MaintenanceRun(Base):
     error: Mapped[str | None] = mapped_column(Text)
     dag_id: Mapped[str | None] = mapped_column(String(250))
     airflow_run_id: Mapped[str | None] = mapped_column(String(250))
+    task_id: Mapped[str | None] = mapped_column(String(250))
 
 
 class Lease(Base):

@@ -224,6 +224,7 @@ class RunRecord:
     error: str | None
     dag_id: str | None
     airflow_run_id: str | None
+    task_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,10 @@ class RunMixin(Store):
         input_snapshot_id: int | None = None,
         dag_id: str | None = None,
         airflow_run_id: str | None = None,
+        task_id: str | None = None,
     ) -> RunRecord:
-        """Start (or restart) the run ``run_id``.
+        """Start (or restart) the run ``run_id``; ``dag_id``, ``airflow_run_id`` and ``task_id``
+        name the Airflow task instance that started it.
 
         Idempotent by run id: a SUCCEEDED run is returned untouched (its output exists: skip the
         work); a FAILED or interrupted RUNNING one starts another attempt. The same id for another
@@ -47,6 +49,10 @@ class RunMixin(Store):
         """
         check_name(run_id, "a run id", 250)
         check_name(kind, "a run kind", 32)
+        for what, value in (("dag_id", dag_id), ("airflow_run_id", airflow_run_id),
+                            ("task_id", task_id)):  # fmt: skip
+            if value is not None:
+                check_name(value, f"an Airflow {what}", 250)
         params = as_json(params or {}, "run params")
         now = self.now()
         with self._write() as s:
@@ -70,6 +76,7 @@ class RunMixin(Store):
                     started_at=now,
                     dag_id=dag_id,
                     airflow_run_id=airflow_run_id,
+                    task_id=task_id,
                 )
                 s.add(run)
                 s.flush()
@@ -83,6 +90,8 @@ class RunMixin(Store):
                 run.finished_at, run.error, run.params = None, None, params
                 if input_snapshot_id is not None:
                     run.input_snapshot_id = input_snapshot_id
+                if dag_id is not None:  # a retry keeps its task's ids; a later task adds its own
+                    run.dag_id, run.airflow_run_id, run.task_id = dag_id, airflow_run_id, task_id
             return _run(s, run)
 
     def finish_run(
@@ -95,8 +104,10 @@ class RunMixin(Store):
         rows_out: int | None = None,
         bytes_in: int | None = None,
         bytes_out: int | None = None,
+        dry_run: bool = False,
     ) -> RunRecord:
-        """RUNNING -> SUCCEEDED with its statistics."""
+        """RUNNING -> SUCCEEDED with its statistics; -> DRY_RUN for a run that only reported
+        what it would have done (it changed nothing)."""
         stats = as_json(stats, "run stats")
         for what, value in (
             ("rows_in", rows_in),
@@ -112,7 +123,8 @@ class RunMixin(Store):
                 raise NoSuchSnapshot(
                     f"output snapshot {output_snapshot_id} of run {run_id!r} is not in the catalog"
                 )
-            run.status, run.finished_at, run.stats = "SUCCEEDED", self.now(), stats
+            status = "DRY_RUN" if dry_run else "SUCCEEDED"
+            run.status, run.finished_at, run.stats = status, self.now(), stats
             run.output_snapshot_id = output_snapshot_id
             run.rows_in, run.rows_out, run.bytes_in, run.bytes_out = (
                 rows_in,
@@ -133,6 +145,16 @@ class RunMixin(Store):
             if stats is not None:
                 run.stats = stats
             return _run(s, run)
+
+    def discard_run(self, run_id: str) -> bool:
+        """Delete run ``run_id`` if it is RUNNING its first attempt: a run refused for its
+        arguments before it touched anything is not history. False (kept) otherwise."""
+        with self._write() as s:
+            run = _running(s, run_id, "discard")
+            if run.attempts != 1:
+                return False
+            s.delete(run)
+            return True
 
     def get_run(self, run_id: str) -> RunRecord:
         with self._read() as s:
@@ -233,4 +255,5 @@ def _record(run: MaintenanceRun, job: str | None) -> RunRecord:
         error=run.error,
         dag_id=run.dag_id,
         airflow_run_id=run.airflow_run_id,
+        task_id=run.task_id,
     )

@@ -2,23 +2,30 @@
 
 Every command is a subcommand, registered by its module here in :func:`build_parser`. Errors from
 :mod:`state_engine.errors` become one line on stderr and exit code 1; bad usage exits 2.
-Every catalog command except ``catalog upgrade`` refuses a catalog that is not at head.
+Every catalog command except ``catalog upgrade`` refuses a catalog that is not at head. A reader
+that closes the pipe early (``statectl runs | head``) ends the output quietly, exit code 141.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from state_engine import __version__
 from state_engine.cli import browse, catalog, flink, maintain, sql
+from state_engine.cli.output import Parser
 from state_engine.errors import StatekeeperError
+from state_engine.formatting import escape_control
+
+#: The exit code of a command whose reader went away (128 + SIGPIPE, as a shell reports it).
+EXIT_PIPE_CLOSED = 141
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """statectl's parser; given the command line ``argv``, only what that line needs is imported."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="statectl", description="Inspect and maintain the state of stream-processing jobs."
     )
     parser.add_argument("--version", action="version", version=f"statectl {__version__}")
@@ -48,7 +55,25 @@ _EXTRA_OF = {"pyspark": "spark", "pandas": "spark", "psycopg": "postgres", "s3fs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = _run(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()  # a closed pipe shows here when the output fit in the buffer
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_PIPE_CLOSED
+    return code
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's final flush must not fail on the pipe too."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (a test's capture): nothing to flush
+        pass
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
@@ -58,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except StatekeeperError as exc:
-        print(f"statectl: error: {exc}", file=sys.stderr)
+        lines = str(exc).split("\n")
+        print("statectl: error: " + "\n".join(map(escape_control, lines)), file=sys.stderr)
         return 1
     except ModuleNotFoundError as exc:
         extra = _EXTRA_OF.get((exc.name or "").partition(".")[0])

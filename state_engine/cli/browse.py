@@ -9,6 +9,7 @@ from typing import Any
 from state_engine.cli.catalog import open_catalog
 from state_engine.cli.output import command, print_json, print_records
 from state_engine.formatting import BYTE_COLUMNS, format_table
+from state_engine.ids import id_arg
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -158,15 +159,17 @@ def register(commands: Any) -> None:
     snapshots = command(commands, "snapshots", cmd_snapshots, "list a job's snapshots")
     snapshots.add_argument("job", metavar="JOB", help="job name")
     snapshots.add_argument("--status", help="only this status (e.g. COMPLETED)")
-    snapshots.add_argument("--limit", type=int, default=None, help="at most this many")
+    snapshots.add_argument("--limit", type=id_arg("limit", 0), help="at most this many")
 
     show = command(commands, "show", cmd_show, "show one snapshot: sizes and key-group skew")
-    show.add_argument("snapshot", metavar="SNAPSHOT", type=int, help="snapshot id")
+    show.add_argument("snapshot", metavar="SNAPSHOT", type=id_arg(), help="snapshot id")
 
     files = command(commands, "files", cmd_files, "list the files of a snapshot")
-    files.add_argument("snapshot", metavar="SNAPSHOT", type=int, help="snapshot id")
+    files.add_argument("snapshot", metavar="SNAPSHOT", type=id_arg(), help="snapshot id")
 
     runs = command(commands, "runs", cmd_runs, "maintenance history, newest first")
     runs.add_argument("--job", help="only runs of this job")
     runs.add_argument("--kind", help="only runs of this kind (e.g. compaction)")
-    runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    runs.add_argument(
+        "--limit", type=id_arg("limit", 0), default=100, help="at most this many (default 100)"
+    )

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from state_engine.cli.output import print_text
 from state_engine.config import Settings
 
 
@@ -20,7 +21,7 @@ def cmd_flink_import(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))
     else:
-        print(report.render())
+        print_text(report.render())
     return 0
 
 
@@ -34,7 +35,7 @@ def cmd_flink_forget_directory(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))
     else:
-        print(report.render())
+        print_text(report.render())
     return 0
 
 

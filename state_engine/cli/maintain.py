@@ -15,6 +15,7 @@ from typing import Any
 
 from state_engine.config import Settings
 from state_engine.errors import InvalidJobParams
+from state_engine.ids import id_arg
 from state_engine.jobs.commands import add_job_parsers, json_default, run_job
 
 
@@ -70,6 +71,9 @@ def _flink_savepoint(args: argparse.Namespace) -> dict[str, Any] | None:
             ttl=convert.parse_ttl(args.ttl),
             pyflink_types=PyFlinkTypes.parse(args.pyflink_types),
             run_id=args.run_id,
+            dag_id=args.dag_id,
+            airflow_run_id=args.airflow_run_id,
+            task_id=args.task_id,
             settings=settings,
         )
 
@@ -137,11 +141,13 @@ def register(subparsers: Any) -> None:
         description="decoded keyed state of a completed canonical snapshot (read directly when "
         "its files are small, with Spark above 64 MiB)",
     )
-    show.add_argument("snapshot", metavar="SNAPSHOT", type=int, help="snapshot id")
+    show.add_argument("snapshot", metavar="SNAPSHOT", type=id_arg(), help="snapshot id")
     show.add_argument("--state", help="only this state")
     show.add_argument("--key", help="only this key (int keys as digits, tuple keys as JSON)")
     show.add_argument("--operator", help="only this operator")
-    show.add_argument("--limit", type=int, default=100, help="at most this many rows (100)")
+    show.add_argument(
+        "--limit", type=id_arg("limit", 0), default=100, help="at most this many rows (100)"
+    )
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.add_argument(
         "--spark",

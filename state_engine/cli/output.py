@@ -1,4 +1,5 @@
-"""What statectl prints: JSON, tables of records, and how a command is added."""
+"""What statectl prints: JSON, tables of records, text from the catalog, usage errors, and how a
+command is added."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
-from state_engine.formatting import BYTE_COLUMNS, format_table
+from state_engine.formatting import BYTE_COLUMNS, escape_control, format_table
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -29,6 +30,20 @@ def json_default(value: Any) -> Any:
 
 def print_json(payload: Any) -> None:
     print(json.dumps(payload, default=json_default, indent=2, sort_keys=False))
+
+
+def print_text(text: str) -> None:
+    """Print a rendered report line by line, each escaped as table cells are: a name or path
+    from the catalog must not move the cursor or forge a line."""
+    print("\n".join(escape_control(line) for line in text.split("\n")))
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line: what was wrong and where the help is."""
+
+    def error(self, message: str) -> NoReturn:
+        line = escape_control(f"{self.prog}: error: {message}; see `{self.prog} --help`")
+        self.exit(2, line + "\n")
 
 
 def print_records(args: argparse.Namespace, records: Sequence[Any], columns: Sequence[str]) -> None:

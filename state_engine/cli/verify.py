@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from state_engine.catalog import Catalog
+from state_engine.cli.output import print_text
 from state_engine.config import Settings
 from state_engine.verify import EXIT_INCONSISTENT, verify
 
@@ -21,7 +22,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
-        print(report.render())
+        print_text(report.render())
     return 0 if report.ok else EXIT_INCONSISTENT
 
 

@@ -366,6 +366,9 @@ def run(
     ttl: dict[str, int] | None = None,
     pyflink_types: PyFlinkTypes | None = None,
     run_id: str | None = None,
+    dag_id: str | None = None,
+    airflow_run_id: str | None = None,
+    task_id: str | None = None,
     settings: Any = None,
     **_ignored: Any,
 ) -> dict[str, Any]:
@@ -392,8 +395,9 @@ def run(
     run_id = run_id or f"savepoint-{uuid.uuid4().hex}"
     tag = run_tag(run_id)
     params = {"snapshot": snapshot, "savepoint_dir": savepoint_dir, "ttl": ttl or {}}
+    airflow = {"dag_id": dag_id, "airflow_run_id": airflow_run_id, "task_id": task_id}
     started = catalog.start_run(
-        run_id, "savepoint", job=record.job, params=params, input_snapshot_id=snapshot
+        run_id, "savepoint", job=record.job, params=params, input_snapshot_id=snapshot, **airflow
     )
     if started.status == "SUCCEEDED":  # this run already converted: its savepoint exists
         done = previous_output(catalog, record.job, tag)
@@ -406,12 +410,17 @@ def run(
         raise
     catalog.finish_run(
         run_id,
-        stats={"origin": "flink", "skipped": report["skipped"], "recovered": report["recovered"]},
+        stats={
+            "origin": "flink",
+            "skipped": report["skipped"],
+            "recovered": report["recovered"],
+            "trigger": tag,
+        },
         output_snapshot_id=report["output_snapshot_id"],
         rows_out=report["rows_out"],
         bytes_out=report["bytes_out"],
     )
-    return {"run_id": run_id, **report}
+    return {"run_id": run_id, "trigger": tag, **report}
 
 
 def _convert(
@@ -436,6 +445,7 @@ def _convert(
         parallelism=max(1, meta.parallelism),
         max_parallelism=meta.max_parallelism,
         savepoint_dir=savepoint_dir,
+        parent_id=record.id,
     ) as out:
         if out.recovered:
             return _report(record, out.record, None, recovered=True)

@@ -54,6 +54,7 @@ from state_engine.flink.metadata import (
     normalize_location,
     read_metadata,
 )
+from state_engine.names import check_job_name
 from state_engine.snapshot.storage import FileStore
 from state_engine.snapshot_enums import SnapshotStatus
 
@@ -534,6 +535,7 @@ def import_flink(
     storage_options: dict[str, Any] | None = None,
 ) -> ImportReport:
     """Import or sync the Flink directories ``paths`` as catalog job ``job`` (see module doc)."""
+    check_job_name(job)
     # an import builds a few objects per state handle, none of them in a cycle
     with collector_paused():
         return _import(catalog, paths, job, storage_options)

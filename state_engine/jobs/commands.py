@@ -15,9 +15,10 @@ from datetime import datetime
 from typing import Any
 
 from state_engine.config import Settings
+from state_engine.ids import id_arg
 from state_engine.snapshot_enums import SnapshotKind
 
-COMMON = ("run_id", "dag_id", "airflow_run_id")
+COMMON = ("run_id", "dag_id", "airflow_run_id", "task_id")
 _NOT_PARAMS = {
     "handler",
     "command",
@@ -25,7 +26,6 @@ _NOT_PARAMS = {
     "maintain_command",
     "state_command",
     "json",
-    "task_id",
 }
 _NOT_PARAMS |= {"ttl", "pyflink_types"}  # Flink conversion options (flink/convert.py)
 
@@ -50,7 +50,7 @@ def _ttl_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _input_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--snapshot", type=int, help="input snapshot id")
+    p.add_argument("--snapshot", type=id_arg(), help="input snapshot id")
     p.add_argument("--job", help="job name (default input: its latest completed snapshot)")
 
 
@@ -228,7 +228,7 @@ def add_job_parsers(subparsers: Any, handler: Callable[[argparse.Namespace], int
         p.add_argument("--run-id", help="the run's id: the same id again never redoes a success")
         p.add_argument("--dag-id", help="Airflow DAG id (recorded with the run)")
         p.add_argument("--airflow-run-id", help="Airflow run id (recorded with the run)")
-        p.add_argument("--task-id", help="Airflow task id (in the Spark application's name)")
+        p.add_argument("--task-id", help="Airflow task id (recorded with the run)")
         p.add_argument("--json", action="store_true", help="the report is JSON (it always is)")
         p.set_defaults(handler=handler, job_name=spec.name)
 

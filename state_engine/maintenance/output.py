@@ -216,9 +216,11 @@ def begin_output(
     parallelism: int,
     max_parallelism: int,
     savepoint_dir: str | None = None,
+    parent_id: int | None = None,
 ) -> OutputSnapshot:
     """Reserve the job's next checkpoint id and directory for an output tagged ``tag`` (PENDING);
-    the caller commits or aborts it (jobs use :func:`output_snapshot`, which does both)."""
+    the caller commits or aborts it (jobs use :func:`output_snapshot`, which does both).
+    ``parent_id``: the snapshot it was made from (a conversion's input)."""
     try:
         kind_ = SnapshotKind(str(kind).upper())
     except ValueError:
@@ -237,6 +239,7 @@ def begin_output(
         max_parallelism=max_parallelism,
         trigger=tag,
         savepoint_dir=savepoint_dir,
+        parent_id=parent_id,
     )
     return OutputSnapshot(pending.record, pending)
 
@@ -253,6 +256,7 @@ def output_snapshot(
     savepoint_dir: str | None = None,
     storage: CheckpointStorage | None = None,
     settings: Settings | None = None,
+    parent_id: int | None = None,
 ) -> Iterator[OutputSnapshot]:
     """The run's output snapshot (see the module docstring); aborted if the body raises."""
     done = previous_output(catalog, job, tag)
@@ -268,6 +272,7 @@ def output_snapshot(
         parallelism=parallelism,
         max_parallelism=max_parallelism,
         savepoint_dir=savepoint_dir,
+        parent_id=parent_id,
     )
     try:
         yield out

@@ -1,8 +1,11 @@
 """The checks a maintenance run passes against the catalog before any Spark session starts.
 
 Starting Spark costs seconds to minutes on a loaded machine; a job name, snapshot id, parallelism
-or target directory that the catalog already proves wrong should be refused before that, with
-the reason recorded as a FAILED run of the job (so ``statectl runs --job J`` shows it).
+or target directory that the catalog already proves wrong should be refused before that. An
+argument error (:func:`is_argument_error`: an unknown job or snapshot, a parameter out of range)
+is not a run and is not recorded; any other refusal (an input snapshot that is not usable, storage
+that cannot be reached) is recorded as a FAILED run of the job (so ``statectl runs --job J``
+shows it).
 
 :func:`check_before_spark` is called by every entry point that is about to start Spark (the
 Airflow operator, ``statectl maintain``, the spark-submit application); the job bodies keep their
@@ -24,10 +27,14 @@ from state_engine.catalog import Catalog, RunRecord, SnapshotRecord
 from state_engine.config import Settings
 from state_engine.errors import (
     CheckpointError,
+    InvalidJobName,
     InvalidJobParams,
+    InvalidParallelism,
     NoSuchJob,
     NoSuchRun,
     NoSuchSnapshot,
+    NotFound,
+    RetentionRemovesEverything,
     SnapshotNotUsable,
     StatekeeperError,
 )
@@ -43,6 +50,21 @@ READS: dict[str, tuple[SnapshotFormat, ...]] = {
 }
 #: The jobs that take a ``savepoint_dir``.
 WRITES_DIRS = ("savepoint", "ttl_cleanup", "rescale")
+
+
+#: Errors in what a run was asked to do, said before it touches anything: never recorded as runs.
+ARGUMENT_ERRORS: tuple[type[StatekeeperError], ...] = (
+    InvalidJobName,
+    InvalidJobParams,
+    InvalidParallelism,
+    NotFound,
+    RetentionRemovesEverything,
+)
+
+
+def is_argument_error(exc: BaseException) -> bool:
+    """Whether ``exc`` refuses a run's arguments (not recorded) rather than its job's state."""
+    return isinstance(exc, ARGUMENT_ERRORS)
 
 
 def _earlier(catalog: Catalog, run_id: str | None) -> RunRecord | None:
@@ -232,6 +254,7 @@ def record_refusal(
     *,
     dag_id: str | None = None,
     airflow_run_id: str | None = None,
+    task_id: str | None = None,
 ) -> None:
     """Record run ``run_id`` FAILED with ``reason``, with its job when the catalog knows it."""
     job = _known_job(catalog, params.get("job"))
@@ -251,6 +274,7 @@ def record_refusal(
             input_snapshot_id=snapshot_id,
             dag_id=dag_id,
             airflow_run_id=airflow_run_id,
+            task_id=task_id,
         )
         catalog.fail_run(run_id, reason)
 
@@ -264,8 +288,10 @@ def check_before_spark(
     run_id: str | None = None,
     dag_id: str | None = None,
     airflow_run_id: str | None = None,
+    task_id: str | None = None,
 ) -> dict[str, Any]:
-    """Check ``params`` of a ``kind`` run and pin its input; a refusal is recorded and raised.
+    """Check ``params`` of a ``kind`` run and pin its input; a refusal is raised, and recorded
+    unless it is an argument error.
 
     Returns the params to start the run with (``snapshot`` set for jobs that read one).
     """
@@ -281,6 +307,8 @@ def check_before_spark(
     try:
         return check_inputs(kind, catalog, params, settings)
     except StatekeeperError as exc:
+        if is_argument_error(exc):
+            raise
         record_refusal(
             catalog,
             kind,
@@ -289,5 +317,6 @@ def check_before_spark(
             str(exc),
             dag_id=dag_id,
             airflow_run_id=airflow_run_id,
+            task_id=task_id,
         )
         raise

@@ -1,13 +1,15 @@
 """The wrapper every maintenance job runs in: one recorded, retry-safe maintenance run.
 
 A job body is ``body(catalog, ctx, **params) -> JobResult``; :func:`recorded_run` turns it into
-``run(catalog, *, run_id=None, dag_id=None, airflow_run_id=None, settings=None, **params) ->
-report``. The run is recorded in the catalog with its params, input and output snapshots, rows
-and bytes in and out and duration. The same ``run_id`` again returns the recorded report of a
-SUCCEEDED run without redoing anything; after a failure it starts another attempt, and the body
-finds whatever the failed attempt left through ``ctx.tag`` (see
-:mod:`state_engine.maintenance.output`). Any error marks the run FAILED with its reason and is
-raised as a StatekeeperError. The Spark jobs add their session in front
+``run(catalog, *, run_id=None, dag_id=None, airflow_run_id=None, task_id=None, settings=None,
+**params) -> report``. The run is recorded in the catalog with its params, input and output
+snapshots, rows and bytes in and out, duration and the Airflow task that ran it. The same
+``run_id`` again returns the recorded report of a SUCCEEDED run without redoing anything; after a
+failure it starts another attempt, and the body finds whatever the failed attempt left through
+``ctx.tag`` (see :mod:`state_engine.maintenance.output`). A ``dry_run`` is recorded DRY_RUN. An
+error in the arguments (an unknown job or snapshot, a bad parameter) is raised without a record
+of the run; any other error marks the run FAILED with its reason and is raised as a
+StatekeeperError. The Spark jobs add their session in front
 (:func:`state_engine.jobs.spark_job.maintenance_job`).
 """
 
@@ -24,7 +26,12 @@ from typing import Any
 from state_engine.catalog import Catalog
 from state_engine.config import Settings
 from state_engine.errors import MaintenanceJobFailed, StatekeeperError
-from state_engine.maintenance.preflight import READS, pinned_snapshot, record_refusal
+from state_engine.maintenance.preflight import (
+    READS,
+    is_argument_error,
+    pinned_snapshot,
+    record_refusal,
+)
 from state_engine.snapshot.storage import storage_failure
 
 Report = dict[str, Any]
@@ -97,12 +104,13 @@ def recorded_run(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
             run_id: str | None = None,
             dag_id: str | None = None,
             airflow_run_id: str | None = None,
+            task_id: str | None = None,
             settings: Settings | None = None,
             **params: Any,
         ) -> Report:
             run_id = run_id or f"{kind}-{uuid.uuid4().hex}"
             params = {k: v for k, v in params.items() if v is not None}
-            airflow = {"dag_id": dag_id, "airflow_run_id": airflow_run_id}
+            airflow = {"dag_id": dag_id, "airflow_run_id": airflow_run_id, "task_id": task_id}
             if kind in READS and params.get("snapshot") is None:
                 # a retry reads what its first attempt read, not a newer "latest"
                 pinned = pinned_snapshot(catalog, run_id)
@@ -111,7 +119,8 @@ def recorded_run(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
             try:
                 target = resolve(catalog, params)
             except StatekeeperError as exc:
-                record_refusal(catalog, kind, run_id, params, str(exc), **airflow)
+                if not is_argument_error(exc):
+                    record_refusal(catalog, kind, run_id, params, str(exc), **airflow)
                 raise
             record = catalog.start_run(
                 run_id,
@@ -142,20 +151,23 @@ def recorded_run(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
                     failure.__cause__ = exc
                     exc = failure
                 reason = str(exc) if isinstance(exc, StatekeeperError) else error_line(exc)
-                catalog.fail_run(
-                    run_id, reason, stats={"duration_s": time.perf_counter() - started}
-                )
+                # refused for its arguments on its first attempt: nothing was touched, no history
+                if not (is_argument_error(exc) and catalog.discard_run(run_id)):
+                    catalog.fail_run(
+                        run_id, reason, stats={"duration_s": time.perf_counter() - started}
+                    )
                 if isinstance(exc, StatekeeperError) or not isinstance(exc, Exception):
                     raise exc
                 raise MaintenanceJobFailed(
                     f"{kind} run {run_id!r} failed: {reason}; it is recorded FAILED: fix the "
                     "cause and run it again with the same run id"
                 ) from exc
+            dry_run = bool(params.get("dry_run"))
             report: Report = {
                 "run_id": run_id,
                 "kind": kind,
                 "job": target.job,
-                "status": "SUCCEEDED",
+                "status": "DRY_RUN" if dry_run else "SUCCEEDED",
                 "attempt": record.attempts,
                 "input_snapshot_id": target.input_snapshot_id,
                 "output_snapshot_id": result.output_snapshot_id,
@@ -166,6 +178,8 @@ def recorded_run(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
                 "duration_s": round(time.perf_counter() - started, 3),
                 "params": params,
                 "stats": result.stats,
+                "trigger": ctx.tag,
+                **{k: v for k, v in airflow.items() if v is not None},
             }
             catalog.finish_run(
                 run_id,
@@ -175,6 +189,7 @@ def recorded_run(kind: str, resolve: Resolver) -> Callable[[Body], Runner]:
                 rows_out=result.rows_out,
                 bytes_in=result.bytes_in,
                 bytes_out=result.bytes_out,
+                dry_run=dry_run,
             )
             return report
 

@@ -34,7 +34,6 @@ from fsspec.implementations.local import LocalFileSystem
 from state_engine.checkpoint_dirs import checkpoint_dir_name, is_checkpoint_dir
 from state_engine.errors import (
     CheckpointError,
-    InvalidJobName,
     InvalidSnapshotPath,
     MissingMetadata,
     MissingSnapshotFile,
@@ -45,6 +44,7 @@ from state_engine.errors import (
     StorageUnreachable,
     UnknownStorageScheme,
 )
+from state_engine.names import check_job_name
 
 METADATA_FILE = "_metadata"
 SHARED_DIR = "shared"
@@ -52,8 +52,6 @@ SHARED_DIR = "shared"
 SHARED_PREFIX = f"../{SHARED_DIR}/"
 SAVEPOINTS_DIR = "savepoints"
 CHECKSUM_ALGORITHM = "crc32"
-MAX_JOB_NAME_LENGTH = 200
-JOB_NAME_ALLOWED = "letters, digits, '.', '_', '-' and '=' (not starting with '.')"
 
 # Schemes worth suggesting when a URL's scheme is unknown: the ones that can hold checkpoints.
 _STORAGE_SCHEMES = (
@@ -131,21 +129,7 @@ def format_checksum(crc: int) -> str:
 
 def validate_job_name(job: str) -> str:
     """Return ``job`` if it is usable as one directory name, else raise InvalidJobName."""
-    if not isinstance(job, str) or not job:
-        raise InvalidJobName(f"job name {job!r} is empty or not a string; use {JOB_NAME_ALLOWED}")
-    if len(job) > MAX_JOB_NAME_LENGTH:
-        raise InvalidJobName(
-            f"job name {job[:40]!r}... is {len(job)} characters long; use at most "
-            f"{MAX_JOB_NAME_LENGTH} characters ({JOB_NAME_ALLOWED})"
-        )
-    bad = sorted({c for c in job if not (c.isascii() and (c.isalnum() or c in "._-="))})
-    if bad or job.startswith("."):
-        what = f"characters {''.join(bad)!r}" if bad else "a leading '.'"
-        raise InvalidJobName(
-            f"job name {job!r} contains {what}, which could leave the checkpoint root; "
-            f"use {JOB_NAME_ALLOWED}"
-        )
-    return job
+    return check_job_name(job)
 
 
 def normalize_relative(path: str, *, allow_shared: bool, where: str) -> str:

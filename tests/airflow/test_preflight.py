@@ -1,6 +1,7 @@
 """Refusals before Spark: each bad input fails the task at once (AirflowFailException, no
-retry), no Spark session is started, and the catalog records the FAILED run with its job; a
-retry of a run reads the input snapshot its first attempt read."""
+retry), no Spark session is started; the catalog records the FAILED run with its job and task
+when the job's state refused it, and nothing when its arguments did (an unknown job, a bad
+parameter); a retry of a run reads the input snapshot its first attempt read."""
 
 from __future__ import annotations
 
@@ -71,14 +72,17 @@ def context(task_id: str = "t") -> dict[str, Any]:
     return {"ti": ti}
 
 
-REFUSALS: list[tuple[str, str | None, Callable[[dict[str, Any]], dict[str, Any]], str, str]] = [
-    ("savepoint", "no-such-job", lambda ids: {}, r"job 'no-such-job' is not in the catalog", ""),
+#: (kind, job, params, message, the job the FAILED run is recorded with; None: not recorded)
+REFUSALS: list[
+    tuple[str, str | None, Callable[[dict[str, Any]], dict[str, Any]], str, str | None]
+] = [
+    ("savepoint", "no-such-job", lambda ids: {}, r"job 'no-such-job' is not in the catalog", None),
     (
         "savepoint",
         "orders",
         lambda ids: {"snapshot": ids["other"]},
         r"belongs to job 'payments', not 'orders'",
-        "orders",
+        None,
     ),
     (
         "ttl_cleanup",
@@ -93,7 +97,7 @@ REFUSALS: list[tuple[str, str | None, Callable[[dict[str, Any]], dict[str, Any]]
         "orders",
         lambda ids: {"snapshot": ids["canonical"], "parallelism": 129},
         r"parallelism 129 is above the max parallelism 128",
-        "orders",
+        None,
     ),
     (
         "rescale",
@@ -107,16 +111,18 @@ REFUSALS: list[tuple[str, str | None, Callable[[dict[str, Any]], dict[str, Any]]
         "orders",
         lambda ids: {"savepoint_dir": "file:///tmp/elsewhere/sp"},
         r"outside job 'orders'.s storage roots",
-        "orders",
+        None,
     ),
     (
         "savepoint",
         "orders",
         lambda ids: {"savepoint_dir": "../payments/sp"},
         r"escapes|outside|\.\.",
-        "orders",
+        None,
     ),
-    ("expire", "no-such-job", lambda ids: {"retain_last": 2}, r"not in the catalog", ""),
+    ("expire", "no-such-job", lambda ids: {"retain_last": 2}, r"not in the catalog", None),
+    ("savepoint", "bad\njob", lambda ids: {}, r"unprintable characters", None),
+    ("savepoint", "orders", lambda ids: {"snapshot": 1 << 63}, r"out of range", None),
 ]
 
 
@@ -128,7 +134,7 @@ def test_a_refusal_fails_the_task_at_once_before_spark_and_is_recorded_with_its_
     job: str | None,
     params: Callable[[dict[str, Any]], dict[str, Any]],
     message: str,
-    recorded_job: str,
+    recorded_job: str | None,
 ) -> None:
     from airflow.sdk.exceptions import AirflowFailException
     from statekeeper_airflow.operators import run_maintenance
@@ -138,12 +144,17 @@ def test_a_refusal_fails_the_task_at_once_before_spark_and_is_recorded_with_its_
 
     assert no_spark == []
     with Catalog.open(cat_env["url"]) as cat:
-        [run] = cat.list_runs(kind=kind)
-    assert (run.status, run.job or "", run.dag_id, run.airflow_run_id) == (
+        runs = cat.list_runs(kind=kind)
+    if recorded_job is None:  # an argument error is not a run
+        assert runs == []
+        return
+    [run] = runs
+    assert (run.status, run.job, run.dag_id, run.airflow_run_id, run.task_id) == (
         "FAILED",
         recorded_job,
         "sk_dag",
         "manual__1",
+        "t",
     )
     assert run.error and len(run.error) > 20
 
@@ -221,8 +232,7 @@ def test_statectl_maintain_refuses_before_spark(
     assert code != 0 and no_spark == []
     assert "above the max parallelism 128" in capsys.readouterr().err
     with Catalog.open(cat_env["url"]) as cat:
-        [run] = cat.list_runs(job="orders", kind="rescale")
-    assert run.status == "FAILED"
+        assert cat.list_runs(job="orders", kind="rescale") == []  # an argument error: no run
 
 
 @pytest.mark.dag_run

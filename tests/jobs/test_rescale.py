@@ -200,15 +200,15 @@ def test_bad_input_is_refused_recorded_and_creates_nothing(
     for i, (params, error, text) in enumerate(cases):
         with pytest.raises(error, match=text):
             rescale.run(spark, catalog, snapshot=sid, run_id=f"bad-{i}", **params)
-        run = catalog.get_run(f"bad-{i}")
-        assert run.status == "FAILED" and text.split()[0] in (run.error or "")
+    # argument errors: none of them is a run
+    assert not {r.run_id for r in catalog.list_runs()} & {f"bad-{i}" for i in range(len(cases))}
     pending = catalog.begin_snapshot("orders", location=storage.url_of("orders/x"), parallelism=1)
     with pytest.raises(SnapshotNotUsable, match="PENDING"):
         rescale.run(spark, catalog, snapshot=pending.id, parallelism=2, run_id="pend")
     assert catalog.get_run("pend").status == "FAILED"
     with pytest.raises(NoSuchJob):
         rescale.run(spark, catalog, job="nojob", parallelism=2, run_id="nojob")
-    assert catalog.get_run("nojob").status == "FAILED"
+    assert "nojob" not in {r.run_id for r in catalog.list_runs()}
     assert [s.id for s in catalog.list_snapshots("orders")] == [pending.id, sid]
     assert catalog.get_job("orders").max_parallelism == MAX_P
 

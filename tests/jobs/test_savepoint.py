@@ -168,10 +168,13 @@ def test_a_failing_task_leaves_no_savepoint_and_the_retry_writes_one(
     assert again["skipped"] is True
 
 
-def test_an_unknown_snapshot_is_a_failed_run(spark: Any, catalog: Catalog, snapshot) -> None:
+def test_an_unknown_snapshot_is_not_a_run(spark: Any, catalog: Catalog, snapshot) -> None:
+    from state_engine.errors import NoSuchRun
+
     with pytest.raises(NoSuchSnapshot):
         savepoint.run(spark, catalog, snapshot=9999, run_id="ghost")
-    assert catalog.get_run("ghost").status == "FAILED"
+    with pytest.raises(NoSuchRun):
+        catalog.get_run("ghost")
 
 
 def test_a_retry_into_a_fixed_savepoint_dir_cleans_the_first_attempt_and_succeeds(

@@ -158,10 +158,10 @@ def test_refuses_snapshots_it_cannot_read(spark, catalog, snapshot, storage):
     assert run.status == "FAILED" and "PENDING" in run.error
 
 
-def test_an_unknown_input_is_recorded_as_a_failed_run(spark, catalog, snapshot):
-    from state_engine.errors import NoSuchJob
+def test_an_unknown_input_is_not_recorded_as_a_run(spark, catalog, snapshot):
+    from state_engine.errors import NoSuchJob, NoSuchRun
 
     with pytest.raises(NoSuchJob, match="nojob"):
         ttl_cleanup.run(spark, catalog, job="nojob", run_id="lost")
-    run = catalog.get_run("lost")
-    assert run.status == "FAILED" and "nojob" in run.error and run.job is None
+    with pytest.raises(NoSuchRun):  # it never reached a job
+        catalog.get_run("lost")

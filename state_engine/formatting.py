@@ -143,10 +143,13 @@ def entries_basis(snapshot: Any) -> str:
     """Where a snapshot's ``entries`` come from: :data:`COUNTED`, :data:`ESTIMATED` (RocksDB SST
     metadata) or :data:`NOT_COUNTED`. ``snapshot``: a snapshot record (its recorded basis, else
     its format's) or a format."""
-    basis = getattr(snapshot, "entries_basis", None)
-    if basis in (COUNTED, ESTIMATED, NOT_COUNTED):
-        return str(basis)
-    fmt = getattr(snapshot, "format", snapshot)
+    if snapshot is None or isinstance(snapshot, str):
+        fmt = snapshot
+    else:
+        basis = getattr(snapshot, "entries_basis", None)
+        if basis in (COUNTED, ESTIMATED, NOT_COUNTED):
+            return str(basis)
+        fmt = snapshot.format
     return ESTIMATED if str(fmt or "").upper() in ESTIMATED_FORMATS else COUNTED
 
 

@@ -30,8 +30,8 @@ def _stream_size(h: StreamHandle) -> int:
 
 
 def _handle_name(h: StreamHandle) -> str:
-    if h.type == INLINE:
-        return f"inline bytes ({_stream_size(h)} B)"
+    if h.type == INLINE:  # its name is the file it would have been, in its _metadata
+        return f"{h.name} (inline, {_stream_size(h)} B)"
     return h.name
 
 

@@ -149,6 +149,8 @@ def entries_basis(snapshot: Any) -> str:
         basis = getattr(snapshot, "entries_basis", None)
         if basis in (COUNTED, ESTIMATED, NOT_COUNTED):
             return str(basis)
+        if getattr(snapshot, "metadata_format", None) == "flink":
+            return NOT_COUNTED  # an import counts only what it says it counted
         fmt = snapshot.format
     return ESTIMATED if str(fmt or "").upper() in ESTIMATED_FORMATS else COUNTED
 

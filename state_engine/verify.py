@@ -410,8 +410,8 @@ def _report_unreadable(catalog: Catalog, record: JobRecord, report: JobReport) -
         report.unreadable += 1
         report.add(
             Finding(UNREADABLE, "unreadable",
-                    f"{_label(snap)}: not restorable: its {snap.error}; the next "
-                    f"`statectl flink import` imports it if it reads again",
+                    f"{_label(snap)}: not restorable ({snap.error}); the next "
+                    "`statectl flink import` imports it if it reads again",
                     snap.location, snap.id, snap.checkpoint_id)
         )  # fmt: skip
     return locations

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from state_engine.catalog import Catalog
 from state_engine.catalog.records import SnapshotRecord
+from state_engine.errors import CommitConflict
 from state_engine.flink.layout import ROLE_CHECKPOINTS, is_checkpoint_dir
 from state_engine.flink.metadata import HEADER_MAGIC_NUMBER
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
@@ -110,17 +111,23 @@ def record_unreadable(
                     f"; snapshot {prior.id} was imported when it read: `statectl verify` reports it"
                 )
             continue  # recorded FAILED by an earlier import: once
-        with catalog.batch():
-            snap = catalog.begin_snapshot(
-                job,
-                location=item.location,
-                parallelism=1,
-                kind=item.kind,
-                format="NATIVE",
-                checkpoint_id=item.checkpoint_id,
-                trigger=trigger,
-                metadata_format="flink",
+        try:
+            with catalog.batch():
+                snap = catalog.begin_snapshot(
+                    job,
+                    location=item.location,
+                    parallelism=1,
+                    kind=item.kind,
+                    format="NATIVE",
+                    checkpoint_id=item.checkpoint_id,
+                    trigger=trigger,
+                    metadata_format="flink",
+                )
+                catalog.fail_snapshot(snap.id, error=UNREADABLE + item.reason)
+        except CommitConflict:  # a snapshot of this import took the id
+            entry["reason"] += (
+                f"; checkpoint id {item.checkpoint_id} is another snapshot's: not recorded"
             )
-            catalog.fail_snapshot(snap.id, error=UNREADABLE + item.reason)
+            continue
         entry["snapshot_id"] = snap.id
         entry["recorded"] = True

@@ -6,7 +6,9 @@ are resolved against that listing, so importing costs no per-file I/O. Running i
 new snapshots are added, imported ones whose ``_metadata`` is gone are DISCARDED, and a claimed
 directory that is missing altogether is only reported (an unmounted volume is not the end of its
 checkpoints). A directory, and a file, belongs to one job. Snapshots are written in chunks, each
-in one transaction (:func:`_write_snapshots`): a crash leaves a chunk imported or not at all.
+in one transaction (:func:`_write_snapshots`): a crash leaves a chunk imported or not at all. A
+snapshot whose ``_metadata`` does not read, or reads as impossible offsets, is recorded FAILED
+(:mod:`state_engine.flink.unreadable`) and the others import.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from state_engine.errors import (
     FlinkImportError,
     FlinkJobDirectoryMissing,
     FlinkMetadataError,
+    FlinkPathEscapes,
     NoSuchJob,
 )
 from state_engine.faults import crash_point
@@ -725,7 +728,7 @@ def _read_snapshots(
                     exists=listing.exists,
                     listed=listing.files,
                 )
-            except FlinkMetadataError as exc:
+            except (FlinkMetadataError, FlinkPathEscapes) as exc:
                 unreadable.append(unreadable_of(listing, mpath, bytes(data), str(exc)))
                 continue
             problems = structural_problems(meta)

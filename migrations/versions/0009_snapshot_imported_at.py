@@ -10,7 +10,8 @@
   Statekeeper converted into its own format. Existing rows: ``flink`` for imported ones.
 * ``sk_snapshots.entries_basis`` (``counted``, ``estimated`` or ``not-counted``): where
   ``entries`` and the key-group rows come from. Existing rows: an imported native snapshot's
-  rows were never counted; a Statekeeper native one's are estimated from RocksDB SST metadata.
+  rows were never counted, nor those of an imported canonical one that holds bytes and no
+  entries (compressed); a Statekeeper native one's are estimated from RocksDB SST metadata.
 
 Revision ID: 0009
 Revises: 0007
@@ -47,7 +48,8 @@ def upgrade() -> None:
     )
     op.execute(
         f"UPDATE {SNAPSHOTS} SET entries_basis = CASE "
-        f"WHEN {IMPORTED} AND format <> 'CANONICAL' THEN 'not-counted' "
+        f"WHEN {IMPORTED} AND (format <> 'CANONICAL' OR (entries = 0 AND bytes > 0)) "
+        "THEN 'not-counted' "
         "WHEN format = 'NATIVE' THEN 'estimated' ELSE 'counted' END"
     )
 

@@ -131,13 +131,54 @@ def format_table(
 #: version and tombstone of a key (a savepoint of it may hold far fewer rows).
 ESTIMATED_FORMATS = frozenset({SnapshotFormat.NATIVE})
 ESTIMATE_NOTE = "estimated from RocksDB SST metadata (counts versions and tombstones), not counted"
+#: an imported snapshot whose state Statekeeper does not decode to count (Flink's native state)
+NOT_COUNTED_NOTE = (
+    "not counted: this Flink snapshot's native state is not decoded to count it (its bytes "
+    "per key group are exact; a canonical savepoint of it counts its entries)"
+)
+COUNTED, ESTIMATED, NOT_COUNTED = "counted", "estimated", "not-counted"
 
 
-def is_estimated(snapshot_format: str | None) -> bool:
-    return (snapshot_format or "").upper() in ESTIMATED_FORMATS
+def entries_basis(snapshot: Any) -> str:
+    """Where a snapshot's ``entries`` come from: :data:`COUNTED`, :data:`ESTIMATED` (RocksDB SST
+    metadata) or :data:`NOT_COUNTED`. ``snapshot``: a snapshot record (its recorded basis, else
+    its format's) or a format."""
+    if snapshot is None or isinstance(snapshot, str):
+        fmt = snapshot
+    else:
+        basis = getattr(snapshot, "entries_basis", None)
+        if basis in (COUNTED, ESTIMATED, NOT_COUNTED):
+            return str(basis)
+        if getattr(snapshot, "metadata_format", None) == "flink":
+            return NOT_COUNTED  # an import counts only what it says it counted
+        fmt = snapshot.format
+    return ESTIMATED if str(fmt or "").upper() in ESTIMATED_FORMATS else COUNTED
 
 
-def estimate_text(value: int | float, snapshot_format: str | None) -> str:
-    """``value`` with thousands separators, marked ``~`` when the format only estimates it."""
+def is_estimated(snapshot: Any) -> bool:
+    """Whether ``snapshot``'s (a record or a format) entries are estimated from SST metadata."""
+    return entries_basis(snapshot) == ESTIMATED
+
+
+def is_not_counted(snapshot: Any) -> bool:
+    """Whether ``snapshot``'s (a record or a format) entries were never counted (0 for want of a
+    count, not of entries)."""
+    return entries_basis(snapshot) == NOT_COUNTED
+
+
+def entries_note(snapshot: Any) -> str | None:
+    """What a reader must know about ``snapshot``'s entry count (None: it is exact)."""
+    basis = entries_basis(snapshot)
+    return (
+        ESTIMATE_NOTE if basis == ESTIMATED else NOT_COUNTED_NOTE if basis == NOT_COUNTED else None
+    )
+
+
+def estimate_text(value: int | float, snapshot: Any) -> str:
+    """``value`` with thousands separators, marked ``~`` when ``snapshot`` (a record or a
+    format) only estimates it; "not counted" when it never counted it."""
+    basis = entries_basis(snapshot)
+    if basis == NOT_COUNTED:
+        return "not counted"
     text = f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
-    return f"~{text}" if is_estimated(snapshot_format) else text
+    return f"~{text}" if basis == ESTIMATED else text

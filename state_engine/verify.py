@@ -1,8 +1,10 @@
 """Does the catalog tell the truth about storage? (``statectl verify``)
 
 Per job: every file of every COMPLETED snapshot exists with its recorded size (and, deep, crc32),
-each checked once however many snapshots share it; each COMPLETED ``_metadata`` reads, names the
-same checkpoint and lists exactly the catalog's files; PENDING snapshots are listed apart; files
+each checked once however many snapshots share it; each COMPLETED ``_metadata`` reads with the
+reader of the snapshot's recorded format, names the same checkpoint, lists exactly the catalog's
+files and (Flink's) has offsets and ranges that can be right; PENDING snapshots and Flink
+snapshots an import found unreadable (FAILED) are listed apart; files
 under the job's roots that no live snapshot references are warnings (``strict``: errors). Nothing
 is changed, except that ``sync`` re-syncs a Flink job whose ``_metadata`` went missing (the running
 job subsumed it) and verifies it again. The user-facing rules: ``docs/operations.md``, "Verify".
@@ -26,6 +28,8 @@ from state_engine.snapshot.storage import METADATA_FILE, FileStore, SnapshotDir,
 from state_engine.snapshot_enums import RETAINED_STATUSES, SnapshotKind, SnapshotStatus
 
 ERROR, WARNING, PENDING = "ERROR", "WARNING", "PENDING"
+#: a Flink snapshot an import found unreadable: listed, not an inconsistency (the catalog says so)
+UNREADABLE = "FAILED"
 LIVE = RETAINED_STATUSES
 _CHUNK = 1 << 20
 
@@ -37,8 +41,10 @@ EXIT_INCONSISTENT = 3
 class Finding:
     """One line of the report."""
 
-    level: str  # ERROR, WARNING or PENDING
-    kind: str  # missing, size, checksum, metadata, metadata-mismatch, orphan, released, pending
+    level: str  # ERROR, WARNING, PENDING or FAILED
+    # missing, size, checksum, metadata, metadata-mismatch, metadata-structure, orphan,
+    # released, pending, unreadable
+    kind: str
     message: str
     path: str | None = None
     snapshot_id: int | None = None
@@ -51,6 +57,7 @@ class JobReport:
     location: str | None
     completed: int = 0
     pending: int = 0
+    unreadable: int = 0
     files_checked: int = 0
     bytes_checked: int = 0
     files_listed: int = 0
@@ -100,7 +107,9 @@ class VerifyReport:
         for j in self.jobs:
             lines.append(
                 f"job {j.job} ({j.location or 'no location'}): {j.completed} COMPLETED, "
-                f"{j.pending} PENDING snapshot(s); {j.files_checked} file(s), "
+                f"{j.pending} PENDING"
+                + (f", {j.unreadable} FAILED (unreadable)" if j.unreadable else "")
+                + f" snapshot(s); {j.files_checked} file(s), "
                 f"{human_bytes(j.bytes_checked)} checked ({check}); "
                 f"{j.files_listed} file(s) in storage"
             )
@@ -222,12 +231,12 @@ def _check_flink_metadata(
     job_location: str | None,
 ) -> None:
     """A Flink snapshot's binary ``_metadata`` (see state_engine.flink) against the catalog."""
-    from state_engine.flink.import_job import metadata_problems
+    from state_engine.flink.import_job import check_metadata
 
     label = _label(snap)
     meta_url = snap.location.rstrip("/") + "/" + METADATA_FILE
     try:
-        problems = metadata_problems(
+        problems, structure = check_metadata(
             snap.location, job_location, {p: f.size for p, f in files.items()}
         )
     except (StatekeeperError, OSError, ValueError) as exc:
@@ -242,18 +251,25 @@ def _check_flink_metadata(
                     f"{label}: {METADATA_FILE} disagrees with the catalog: {problem}",
                     meta_url, snap.id, snap.checkpoint_id)
         )  # fmt: skip
+    for problem in structure:
+        report.add(
+            Finding(ERROR, "metadata-structure",
+                    f"{label}: {METADATA_FILE} cannot be right: {problem}",
+                    meta_url, snap.id, snap.checkpoint_id)
+        )  # fmt: skip
 
 
 def _check_metadata(
     report: JobReport,
     snap: SnapshotRecord,
     files: dict[str, SnapshotFileRecord],
-    origin: str = "statekeeper",
     job_location: str | None = None,
 ) -> None:
-    """``_metadata`` reads, validates, and agrees with what the catalog attached."""
+    """``_metadata`` reads with the reader of its format (a Flink job's catalog holds Flink's
+    snapshots and the savepoints Statekeeper converted into its own), validates, and agrees
+    with what the catalog attached."""
     label = _label(snap)
-    if origin == "flink":
+    if snap.metadata_format == "flink":
         _check_flink_metadata(report, snap, files, job_location)
         return
     try:
@@ -355,7 +371,8 @@ def verify_job(
                     Finding(ERROR, kind, f"{_label(snap)}: file {f.path} {what}", f.path,
                             snap.id, snap.checkpoint_id)
                 )  # fmt: skip
-        _check_metadata(report, snap, files, record.origin, record.location)
+        _check_metadata(report, snap, files, record.location)
+    unreadable = _report_unreadable(catalog, record, report) if record.origin == "flink" else []
     referenced |= catalog.live_paths(record.id)
     known = catalog.known_paths(record.id)
     orphan_level = ERROR if strict else WARNING
@@ -363,8 +380,8 @@ def verify_job(
         stored = storage.list_files(root)
         report.files_listed += len(stored)
         for url, size in sorted(stored.items()):
-            if url in referenced:
-                continue
+            if url in referenced or any(url.startswith(u.rstrip("/") + "/") for u in unreadable):
+                continue  # an unreadable snapshot's files: its FAILED line says it
             if url in known:
                 report.add(
                     Finding(orphan_level, "released",
@@ -378,6 +395,26 @@ def verify_job(
                             "a failed or crashed snapshot?); orphan cleanup deletes it", url)
                 )  # fmt: skip
     return report
+
+
+def _report_unreadable(catalog: Catalog, record: JobRecord, report: JobReport) -> list[str]:
+    """List the Flink snapshots an import found unreadable (recorded FAILED); their locations."""
+    from state_engine.flink.unreadable import is_unreadable
+
+    failed = catalog.list_snapshots(record.id, status=SnapshotStatus.FAILED)
+    locations = []
+    for snap in sorted(failed, key=lambda s: s.checkpoint_id):
+        if not is_unreadable(snap):
+            continue
+        locations.append(snap.location)
+        report.unreadable += 1
+        report.add(
+            Finding(UNREADABLE, "unreadable",
+                    f"{_label(snap)}: not restorable ({snap.error}); the next "
+                    "`statectl flink import` imports it if it reads again",
+                    snap.location, snap.id, snap.checkpoint_id)
+        )  # fmt: skip
+    return locations
 
 
 def _subsumed_hint(record: JobRecord, kind: str, path: str) -> bool:

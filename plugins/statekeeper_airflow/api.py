@@ -131,9 +131,7 @@ def get_snapshot(snapshot_id: SnapshotId, catalog: CatalogDep) -> SnapshotDetail
         snapshot=SnapshotOut.model_validate(snapshot),
         files=FilesSummary.model_validate(catalog.snapshot_files_summary(snapshot_id)),
         skew=[
-            SkewOut.model_validate(s).model_copy(
-                update={"estimated": is_estimated(snapshot.format)}
-            )
+            SkewOut.model_validate(s).model_copy(update={"estimated": is_estimated(snapshot)})
             for s in catalog.key_group_skew(snapshot_id)
         ],
     )

@@ -73,6 +73,16 @@ def _frame(element_id: str, title: str, inner: str) -> str:
     )
 
 
+def time_format(span_seconds: float) -> str:
+    """How the time axis spells a tick over a span of ``span_seconds``: fine enough that ticks
+    a fifth of the span apart read differently (seconds for snapshots minutes apart)."""
+    if span_seconds >= 5 * 86_400:
+        return "%m-%d"
+    if span_seconds >= 5 * 60:
+        return "%m-%d %H:%M"
+    return "%H:%M:%S"
+
+
 def line_chart(
     series: Sequence[Series],
     *,
@@ -99,15 +109,20 @@ def line_chart(
 
     parts = [_y_axis(top, y_label)]
     ticks = 1 if end == start else 5
+    spelling = time_format(end - start)
+    shown: set[str] = set()
     for i in range(ticks):
         at = start + (end - start) * (i / (ticks - 1) if ticks > 1 else 0)
         when = datetime.fromtimestamp(at, tz=points[0][0].tzinfo)
+        text = when.strftime(spelling)
+        if text in shown:
+            continue  # a span too short for five distinct labels: each label once
+        shown.add(text)
         tx = LEFT + PLOT_W / 2 if end == start else LEFT + PLOT_W * i / (ticks - 1)
         anchor = "start" if i == 0 and ticks > 1 else "end" if i == ticks - 1 and ticks > 1 else ""
         anchor = anchor or "middle"
         parts.append(
-            f'<text x="{tx:.1f}" y="{TOP + PLOT_H + 18}" text-anchor="{anchor}">'
-            f"{when.strftime('%m-%d %H:%M')}</text>"
+            f'<text x="{tx:.1f}" y="{TOP + PLOT_H + 18}" text-anchor="{anchor}">{text}</text>'
         )
     for n, s in enumerate(series):
         color = COLORS[n % len(COLORS)]
@@ -158,8 +173,11 @@ def bins(rows: Sequence[int], max_bars: int = MAX_BARS) -> list[tuple[int, int, 
     ]
 
 
-def histogram(rows: Sequence[int], *, mean: float, element_id: str, title: str) -> str:
-    """Rows per key group, ``rows[k]`` for key group k; a dashed line marks the mean."""
+def histogram(
+    rows: Sequence[int], *, mean: float, element_id: str, title: str, unit: str = "rows"
+) -> str:
+    """Rows (or another ``unit``) per key group, ``rows[k]`` for key group k; a dashed line
+    marks the mean."""
     if not rows or max(rows) == 0:
         return '<p class="none">No key-group statistics recorded for this operator.</p>'
     bars = bins(rows)
@@ -173,12 +191,12 @@ def histogram(rows: Sequence[int], *, mean: float, element_id: str, title: str) 
             f'<rect class="bar" x="{LEFT + n * slot + slot * 0.1:.2f}" '
             f'y="{TOP + PLOT_H - height:.2f}" width="{max(slot * 0.8, 0.5):.2f}" '
             f'height="{height:.2f}" fill="{COLORS[0]}">'
-            f"<title>{span}: {value:,} rows</title></rect>"
+            f"<title>{span}: {value:,} {unit}</title></rect>"
         )
     mean_y = TOP + PLOT_H - PLOT_H * mean / top
     parts.append(
         f'<line class="mean" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{mean_y:.1f}" y2="{mean_y:.1f}">'
-        f"<title>mean {mean:,.1f} rows per key group</title></line>"
+        f"<title>mean {mean:,.1f} {unit} per key group</title></line>"
     )
     parts.append(
         f'<text x="{LEFT}" y="{TOP + PLOT_H + 18}">0</text>'

@@ -55,6 +55,10 @@ def sync_job(job: Mapping[str, Any]) -> dict[str, Any]:
     except (ConfigurationError, NotFound, FlinkError) as exc:
         raise AirflowFailException(f"Flink job {job['name']!r}: {exc}") from exc
     log.info("%s", report.render())
+    for bad in report.unreadable:  # recorded FAILED; the job's other snapshots imported
+        log.warning(
+            "Flink job %r: %s is unreadable: %s", job["name"], bad["location"], bad["reason"]
+        )
     for missing in report.missing_directories:
         # its snapshots stay (a volume may come back); verify fails on them until it is back
         log.warning(

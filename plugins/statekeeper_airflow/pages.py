@@ -26,7 +26,14 @@ from state_engine.catalog import (
     SnapshotFileRecord,
     SnapshotRecord,
 )
-from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
+from state_engine.formatting import (
+    ESTIMATE_NOTE,
+    NOT_COUNTED_NOTE,
+    entries_note,
+    estimate_text,
+    is_estimated,
+    is_not_counted,
+)
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from statekeeper_airflow.actions import (
     dag_href,
@@ -201,21 +208,25 @@ def estimate_mark() -> str:
 
 
 def entries_cell(s: SnapshotRecord) -> str:
-    if not is_estimated(s.format):
+    note = entries_note(s)
+    if not note:
         return number(s.entries)
     return (
-        f'<td class="num" title="{s.entries} ({escape(ESTIMATE_NOTE)})">'
-        f'<span class="est">{escape(estimate_text(s.entries, s.format))}</span></td>'
+        f'<td class="num" title="{s.entries} ({escape(note)})">'
+        f'<span class="est">{escape(estimate_text(s.entries, s))}</span></td>'
     )
 
 
 def estimate_legend(snapshots: list[SnapshotRecord]) -> str:
-    if not any(is_estimated(s.format) for s in snapshots):
-        return ""
-    return (
-        f'<p class="sub"><span class="est">~</span> Entries of native (RocksDB) snapshots are '
-        f"{escape(ESTIMATE_NOTE)}; a canonical savepoint of one counts its rows exactly.</p>"
-    )
+    parts = []
+    if any(is_estimated(s) for s in snapshots):
+        parts.append(
+            f'<p class="sub"><span class="est">~</span> Entries of native (RocksDB) snapshots are '
+            f"{escape(ESTIMATE_NOTE)}; a canonical savepoint of one counts its rows exactly.</p>"
+        )
+    if any(is_not_counted(s) for s in snapshots):
+        parts.append(f'<p class="sub">Entries {escape(NOT_COUNTED_NOTE)}.</p>')
+    return "".join(parts)
 
 
 def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
@@ -317,13 +328,16 @@ def skew_section(catalog: CatalogDep, snapshot: SnapshotRecord) -> str:
     if not skews:
         return '<p class="none">No key-group statistics were recorded for this snapshot.</p>'
     rows_by_operator: dict[str, list[int]] = defaultdict(lambda: [0] * snapshot.max_parallelism)
+    uncounted = is_not_counted(snapshot)
     for stat in catalog.key_group_stats(snapshot.id):
         if 0 <= stat.key_group < snapshot.max_parallelism:
-            rows_by_operator[stat.operator][stat.key_group] = stat.rows
+            rows_by_operator[stat.operator][stat.key_group] = stat.bytes if uncounted else stat.rows
+    if uncounted:
+        return bytes_skew_section(skews, rows_by_operator)
     parts = []
     for n, skew in enumerate(skews):
         figure = "-" if skew.skew is None else f"{skew.skew:.2f}"
-        estimated = is_estimated(snapshot.format)
+        estimated = is_estimated(snapshot)
         if estimated and skew.skew is not None:
             figure = f"~{figure}"
         parts.append(
@@ -342,6 +356,32 @@ def skew_section(catalog: CatalogDep, snapshot: SnapshotRecord) -> str:
                 mean=skew.mean_rows,
                 element_id=f"skew-chart-{n}",
                 title=f"Rows per key group of {skew.operator}",
+            )
+        )
+    return "".join(parts)
+
+
+def bytes_skew_section(skews: list[Any], bytes_by_operator: dict[str, list[int]]) -> str:
+    """The skew of a snapshot whose entries were not counted: by bytes per key group (exact,
+    from the handles' offsets)."""
+    parts = []
+    for n, skew in enumerate(skews):
+        per_group = bytes_by_operator[skew.operator]
+        used = [b for b in per_group if b > 0]
+        mean = sum(per_group) / len(per_group) if per_group else 0.0
+        figure = "-" if not used or mean == 0 else f"{max(per_group) / mean:.2f}"
+        parts.append(
+            f"<h3>Operator {escape(skew.operator)}</h3>"
+            f"<p>Entries {escape(NOT_COUNTED_NOTE)}: the skew below is by bytes.</p>"
+            f'<p>Skew (max / mean bytes per key group): <span class="figure skew">{figure}</span>'
+            f" &middot; max {escape(human_bytes(max(per_group, default=0)))}, mean "
+            f"{escape(human_bytes(int(mean)))} over {len(per_group):,} key groups</p>"
+            + histogram(
+                per_group,
+                mean=mean,
+                element_id=f"skew-chart-{n}",
+                title=f"Bytes per key group of {skew.operator}",
+                unit="bytes",
             )
         )
     return "".join(parts)
@@ -370,8 +410,9 @@ def snapshot_page(
         f"<dt>Parent</dt><dd>{parent}</dd>"
         f"<dt>Location</dt><dd>{escape(snap.location)}</dd>"
         f"<dt>Size</dt><dd>{escape(human_bytes(snap.bytes))}, "
-        f"{escape(estimate_text(snap.entries, snap.format))} entries"
-        f"{' ' + estimate_mark() if is_estimated(snap.format) else ''}</dd>"
+        f"{escape(estimate_text(snap.entries, snap))} entries"
+        f"{' ' + estimate_mark() if is_estimated(snap) else ''}"
+        f"{' (' + escape(NOT_COUNTED_NOTE) + ')' if is_not_counted(snap) else ''}</dd>"
         f"<dt>Files</dt><dd>{summary.files:,} files of {escape(human_bytes(summary.bytes))} "
         f"({summary.shared_files:,} shared, {escape(human_bytes(summary.shared_bytes))}); "
         f"{summary.references:,} references</dd>"

@@ -45,12 +45,18 @@ class SnapshotOut(Record):
     trigger: str
     version: int
     error: str | None
+    #: when an import recorded it (None: written by Statekeeper)
+    imported_at: datetime | None = None
+    #: which reader reads its _metadata: "flink" or "statekeeper"
+    metadata_format: str = "statekeeper"
+    #: "counted", "estimated" (RocksDB SST metadata) or "not-counted"; None: by its format
+    entries_basis: str | None = None
 
     @computed_field  # type: ignore[prop-decorator]  # over @property, as pydantic documents
     @property
     def entries_estimated(self) -> bool:
         """``entries`` (and the key-group rows) are estimated from RocksDB SST metadata."""
-        return is_estimated(self.format)
+        return is_estimated(self)
 
 
 class JobOut(Record):

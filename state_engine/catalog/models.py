@@ -37,6 +37,9 @@ RETAINED_STATUSES = tuple(s.value for s in RETAINED)
 RUN_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "DRY_RUN")
 # Who wrote a job's snapshots: Statekeeper's runtime, or Apache Flink (imported, migration 0003).
 JOB_ORIGINS = ("statekeeper", "flink")
+# Which reader reads a snapshot's _metadata, and where its entry count comes from (0009).
+METADATA_FORMATS = ("statekeeper", "flink")
+ENTRIES_BASES = ("counted", "estimated", "not-counted")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -179,6 +182,13 @@ class Snapshot(Base):
     #: facts an origin keeps about the snapshot (a discarded Flink snapshot: its _metadata's
     #: stamp, ``state_engine.flink.discarded``); None when there are none
     details: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    #: when an import recorded a snapshot another system wrote (None: a Statekeeper writer's);
+    #: its ``completed_at`` is then when that system completed it (migration 0009)
+    imported_at: Mapped[datetime | None]
+    #: which reader reads its ``_metadata``: "flink" or "statekeeper" (migration 0009)
+    metadata_format: Mapped[str] = mapped_column(String(16), server_default="statekeeper")
+    #: where ``entries`` comes from: "counted", "estimated" or "not-counted" (None: by format)
+    entries_basis: Mapped[str | None] = mapped_column(String(16))
 
 
 class File(Base):

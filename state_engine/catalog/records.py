@@ -69,6 +69,12 @@ class SnapshotRecord:
     writer: str | None = None
     #: facts its origin keeps about it (a discarded Flink snapshot: the stamp of its _metadata)
     details: dict[str, Any] | None = None
+    #: when an import recorded it (None: written by Statekeeper); see docs/catalog.md
+    imported_at: datetime | None = None
+    #: the reader of its ``_metadata``: "flink" or "statekeeper"
+    metadata_format: str = "statekeeper"
+    #: where ``entries`` comes from: "counted", "estimated", "not-counted" (None: by format)
+    entries_basis: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

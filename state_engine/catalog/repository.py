@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Self, cast
 
 from sqlalchemy import Insert, Table, bindparam, case, func, insert, or_, select, update
@@ -25,7 +25,9 @@ from state_engine.catalog.file_registry import FileRegistryMixin
 from state_engine.catalog.leases import LeaseMixin
 from state_engine.catalog.migrate import check_at_head
 from state_engine.catalog.models import (
+    ENTRIES_BASES,
     JOB_ORIGINS,
+    METADATA_FORMATS,
     RETAINED_STATUSES,
     SNAPSHOT_FORMATS,
     SNAPSHOT_KINDS,
@@ -269,13 +271,20 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
         trigger: str = "periodic",
         writer: str | None = None,
         lease: tuple[str, int] | None = None,
+        metadata_format: str = "statekeeper",
     ) -> SnapshotRecord:
         """Record a new PENDING snapshot (its id defaults to the job's next checkpoint id).
 
         ``writer``: the run that begins it (its writer lease's owner), ``lease``: that lease's
         (name, fencing token), checked in the same transaction (a LeaseError if not held).
+        ``metadata_format``: which reader reads its ``_metadata`` ("flink" or "statekeeper").
         """
         kind = check_choice(kind, "snapshot kind", SNAPSHOT_KINDS)
+        if metadata_format not in METADATA_FORMATS:
+            raise InvalidCatalogInput(
+                f"metadata format must be one of {', '.join(METADATA_FORMATS)}, "
+                f"got {metadata_format!r}"
+            )
         format = check_choice(format, "snapshot format", SNAPSHOT_FORMATS)
         check_name(location, "a snapshot location", 10_000)
         check_name(trigger, "a snapshot trigger", 32)
@@ -315,6 +324,7 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
                 trigger=trigger,
                 version=0,
                 writer=writer,
+                metadata_format=metadata_format,
             )
             try:
                 with s.begin_nested():
@@ -429,8 +439,15 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
         entries: int | None = None,
         standalone: bool = False,
         lease: tuple[str, int] | None = None,
+        completed_at: datetime | None = None,
+        entries_basis: str | None = None,
     ) -> SnapshotRecord:
         """PENDING -> COMPLETED by compare-and-swap on the version the caller read.
+
+        ``completed_at``: when another system completed a snapshot this catalog imports (a
+        Flink ``_metadata``'s modification time); the import's own time is kept as
+        ``imported_at`` and no duration is recorded. ``entries_basis``: how ``entries`` was
+        got ("counted", "estimated", "not-counted"; None: by the snapshot's format).
 
         ``bytes`` defaults to the size of the attached files, ``entries`` to the recorded rows.
         ``standalone``: it turned out to reuse no file of an earlier snapshot (an incremental
@@ -468,6 +485,19 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
                 "bytes": check_int(int(bytes or 0), "bytes", 0),
                 "entries": check_int(int(entries or 0), "entries", 0),
             }
+            if completed_at is not None:
+                if completed_at.tzinfo is None:
+                    raise InvalidCatalogInput("completed_at must be an aware datetime (UTC)")
+                values.update(
+                    completed_at=completed_at.astimezone(UTC), imported_at=now, duration_ms=None
+                )
+            if entries_basis is not None:
+                if entries_basis not in ENTRIES_BASES:
+                    raise InvalidCatalogInput(
+                        f"entries basis must be one of {', '.join(ENTRIES_BASES)}, "
+                        f"got {entries_basis!r}"
+                    )
+                values["entries_basis"] = entries_basis
             if standalone:
                 values["parent_id"] = None
             self._transition(

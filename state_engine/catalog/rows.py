@@ -168,6 +168,9 @@ def snapshot_record(r: Snapshot, job: str) -> SnapshotRecord:
         error=r.error,
         writer=r.writer,
         details=r.details,
+        imported_at=r.imported_at,
+        metadata_format=r.metadata_format or "statekeeper",
+        entries_basis=r.entries_basis,
     )
 
 

@@ -50,13 +50,28 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshots(args: argparse.Namespace) -> int:
-    from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
+    from state_engine.formatting import (
+        ESTIMATE_NOTE,
+        NOT_COUNTED_NOTE,
+        entries_basis,
+        entries_note,
+        estimate_text,
+        is_estimated,
+        is_not_counted,
+    )
 
     with open_catalog() as catalog:
         snaps = catalog.list_snapshots(args.job, status=args.status, limit=args.limit)
     if args.json:
         print_json(
-            [{**dataclasses.asdict(s), "entries_estimated": is_estimated(s.format)} for s in snaps]
+            [
+                {
+                    **dataclasses.asdict(s),
+                    "entries_basis": entries_basis(s),
+                    "entries_estimated": is_estimated(s),
+                }
+                for s in snaps
+            ]
         )
         return 0
     columns = [
@@ -64,13 +79,15 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
         "created_at", "completed_at", "trigger",
     ]  # fmt: skip
     rows = [
-        [estimate_text(s.entries, s.format) if c == "entries" and is_estimated(s.format)
+        [estimate_text(s.entries, s) if c == "entries" and entries_note(s)
          else getattr(s, c) for c in columns]
         for s in snaps
     ]  # fmt: skip
     print(format_table(columns, rows, sizes=BYTE_COLUMNS))
-    if any(is_estimated(s.format) for s in snaps):
+    if any(is_estimated(s) for s in snaps):
         print(f"~ entries of native snapshots are {ESTIMATE_NOTE}")
+    if any(is_not_counted(s) for s in snaps):
+        print(f"entries {NOT_COUNTED_NOTE}")
     return 0
 
 
@@ -82,17 +99,24 @@ def cmd_show(args: argparse.Namespace) -> int:
     from state_engine.formatting import (
         ESTIMATE_NOTE,
         cell_text,
+        entries_basis,
+        entries_note,
         escape_control,
         estimate_text,
         human_bytes,
         is_estimated,
+        is_not_counted,
     )
 
-    estimated = is_estimated(snap.format)
+    estimated, note = is_estimated(snap), entries_note(snap)
     if args.json:
         print_json(
             {
-                "snapshot": {**dataclasses.asdict(snap), "entries_estimated": estimated},
+                "snapshot": {
+                    **dataclasses.asdict(snap),
+                    "entries_basis": entries_basis(snap),
+                    "entries_estimated": estimated,
+                },
                 "sizes": sizes,
                 "skew": [{**dataclasses.asdict(k), "estimated": estimated} for k in skew],
             }
@@ -102,8 +126,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     width = max(len(k) for k in fields)
     for key, value in fields.items():
         text = human_bytes(value) if key in BYTE_COLUMNS and value is not None else value
-        if key == "entries" and estimated:
-            text = f"{estimate_text(value, snap.format)} ({ESTIMATE_NOTE})"
+        if key == "entries" and note:
+            text = f"{estimate_text(value, snap)} ({note})"
         print(f"{key.ljust(width)}  {escape_control(cell_text(text))}")
     if sizes:
         print("\nstate size per operator")
@@ -118,6 +142,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(
             "\nkey-group skew (max / mean rows per key group)"
             + (f" ~ ESTIMATED: {ESTIMATE_NOTE}" if estimated else "")
+            + (" NOT COUNTED: the rows are 0 for want of a count" if is_not_counted(snap) else "")
         )
         print(
             format_table(

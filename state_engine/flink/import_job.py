@@ -6,7 +6,9 @@ are resolved against that listing, so importing costs no per-file I/O. Running i
 new snapshots are added, imported ones whose ``_metadata`` is gone are DISCARDED, and a claimed
 directory that is missing altogether is only reported (an unmounted volume is not the end of its
 checkpoints). A directory, and a file, belongs to one job. Snapshots are written in chunks, each
-in one transaction (:func:`_write_snapshots`): a crash leaves a chunk imported or not at all.
+in one transaction (:func:`_write_snapshots`): a crash leaves a chunk imported or not at all. A
+snapshot whose ``_metadata`` does not read, or reads as impossible offsets, is recorded FAILED
+(:mod:`state_engine.flink.unreadable`) and the others import.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import posixpath
 import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from state_engine.catalog import Catalog, FileGroup, KeyGroupStatRow
@@ -26,6 +29,7 @@ from state_engine.errors import (
     FlinkImportError,
     FlinkJobDirectoryMissing,
     FlinkMetadataError,
+    FlinkPathEscapes,
     NoSuchJob,
 )
 from state_engine.faults import crash_point
@@ -53,6 +57,13 @@ from state_engine.flink.metadata import (
     metadata_from_bytes,
     normalize_location,
     read_metadata,
+)
+from state_engine.flink.metadata_checks import structural_problems
+from state_engine.flink.unreadable import (
+    Unreadable,
+    is_unreadable,
+    record_unreadable,
+    unreadable_of,
 )
 from state_engine.names import check_job_name
 from state_engine.snapshot.storage import FileStore
@@ -129,6 +140,8 @@ class ImportReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     in_flight: list[str] = field(default_factory=list)
     missing_directories: list[str] = field(default_factory=list)
+    #: snapshots whose _metadata does not read: recorded FAILED (see state_engine.flink.unreadable)
+    unreadable: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,7 +150,8 @@ class ImportReport:
         lines = [
             f"job {self.job}: {len(self.added)} snapshot(s) added, {len(self.resumed)} resumed, "
             f"{len(self.unchanged)} unchanged, {len(self.vanished)} vanished, "
-            f"{len(self.skipped)} skipped, {len(self.in_flight)} chk-N without _metadata"
+            f"{len(self.skipped)} skipped, {len(self.unreadable)} unreadable, "
+            f"{len(self.in_flight)} chk-N without _metadata"
         ]
         for a in self.added + self.resumed:
             lines.append(
@@ -149,6 +163,15 @@ class ImportReport:
             lines.append(f"  - {v['checkpoint_id']} vanished: {v['location']}")
         for s in self.skipped:
             lines.append(f"  ! {s['location']}: {s['reason']}")
+        for u in self.unreadable:
+            what = (
+                f"recorded as FAILED snapshot {u['snapshot_id']}"
+                if u["recorded"]
+                else "not imported"
+                if u["snapshot_id"] is None
+                else f"snapshot {u['snapshot_id']}"
+            )
+            lines.append(f"  x {u['location']} unreadable ({what}): {u['reason']}")
         for d in self.missing_directories:
             lines.append(
                 f"  ! directory gone: {d}; its snapshots are kept as they were: sync again "
@@ -401,8 +424,18 @@ def metadata_problems(
 ) -> list[str]:
     """How a Flink snapshot's ``_metadata`` disagrees with the files the catalog attached.
 
-    ``attached``: catalog path -> size. Used by ``statectl verify`` for jobs of origin flink.
+    ``attached``: catalog path -> size. See :func:`check_metadata`, which also checks its
+    offsets.
     """
+    return check_metadata(location, job_location, attached)[0]
+
+
+def check_metadata(
+    location: str, job_location: str | None, attached: dict[str, int]
+) -> tuple[list[str], list[str]]:
+    """What ``statectl verify`` finds wrong with a Flink snapshot's ``_metadata``: how it
+    disagrees with the files the catalog attached (``attached``: path -> size), and its
+    impossible offsets and ranges (:func:`structural_problems`)."""
     store, _ = FileStore.at(location)
     job_dir = (
         job_location
@@ -423,7 +456,7 @@ def metadata_problems(
             problems.append(f"it records {path} as {size} bytes, the catalog as {attached[path]}")
     for path in sorted(set(attached) - set(expected)):
         problems.append(f"the catalog attached {path}, which it does not list")
-    return problems
+    return problems, structural_problems(meta)
 
 
 def key_group_bytes(h: KeyedStateHandle) -> dict[int, int]:
@@ -483,23 +516,35 @@ def canonical_rows(h: KeyedStateHandle) -> dict[int, int]:
 def key_group_stats(meta: FlinkSnapshotMetadata) -> list[KeyGroupStatRow]:
     """Per operator and key group: bytes from the offsets, and records where they can be counted
     without decoding (uncompressed canonical savepoints; 0 elsewhere)."""
+    return _key_group_stats(meta)[0]
+
+
+def _key_group_stats(meta: FlinkSnapshotMetadata) -> tuple[list[KeyGroupStatRow], bool]:
+    """:func:`key_group_stats`, and whether every keyed handle's records were counted (False:
+    the rows are 0 for want of a count, not for want of records)."""
     sizes: dict[tuple[str, int], int] = {}
     rows: dict[tuple[str, int], int] = {}
+    exact = True
     for op in meta.operators:
         uid = operator_key(op.uid, op.operator_id)
         for st in op.subtasks:
-            if st.managed_keyed_state is None:
+            h = st.managed_keyed_state
+            if h is None:
                 continue
-            for kg, n in key_group_bytes(st.managed_keyed_state).items():
+            for kg, n in key_group_bytes(h).items():
                 if 0 <= kg < meta.max_parallelism:
                     sizes[(uid, kg)] = sizes.get((uid, kg), 0) + n
-            for kg, n in canonical_rows(st.managed_keyed_state).items():
+            counts = canonical_rows(h)
+            if not counts and not (h.type == SAVEPOINT_KEY_GROUPS and not any(h.offsets)):
+                exact = False  # not a canonical stream it could walk (an empty one has 0)
+            for kg, n in counts.items():
                 if 0 <= kg < meta.max_parallelism:
                     rows[(uid, kg)] = rows.get((uid, kg), 0) + n
-    return [
+    stats = [
         KeyGroupStatRow(uid, kg, rows.get((uid, kg), 0), n)
         for (uid, kg), n in sorted(sizes.items())
     ]
+    return stats, exact
 
 
 def _catalog_parallelism(meta: FlinkSnapshotMetadata) -> tuple[int, int]:
@@ -550,6 +595,8 @@ class _ToImport:
     location: str
     prior: SnapshotRecord | None
     groups: list[FileGroup]
+    #: the FAILED record of this snapshot from when its _metadata did not read
+    replaces: int | None = None
 
 
 def _import(
@@ -561,8 +608,8 @@ def _import(
     record = _flink_job(catalog, job)
     known_dirs = dict(catalog.job_directories(job)) if record is not None else {}
     listings = _list_directories(catalog, paths, job, known_dirs, storage_options, report)
-    found = _read_snapshots(listings, report)
-    if not found and not known_dirs and not report.missing_directories:
+    found, unreadable = _read_snapshots(listings, report)
+    if not found and not unreadable and not known_dirs and not report.missing_directories:
         raise FlinkImportError(
             f"no completed Flink snapshot (a chk-N or savepoint directory with a _metadata) under "
             f"{', '.join(paths)}; nothing was imported"
@@ -571,6 +618,7 @@ def _import(
     for snap in catalog.list_snapshots(job) if record else []:
         existing.setdefault(snap.checkpoint_id, []).append(snap)
     todo, present = _plan(found, catalog, existing, report)
+    present.update(u.location for u in unreadable)
     # Checked before anything is written: the catalog stays as it was.
     adopt = _files_to_adopt(catalog, job, todo, report.directories)
     if adopt:  # files another job's snapshots reference too: shared, whatever their role
@@ -602,6 +650,7 @@ def _import(
             register()
     for i, chunk in enumerate(chunks):  # registered with the first: all of it or none
         _write_snapshots(catalog, job, chunk, report, before=register if i == 0 else None)
+    record_unreadable(catalog, job, unreadable, existing, report, TRIGGER)
     if record is not None:  # a job registered just now has no snapshot that could have vanished
         _mark_vanished(catalog, job, listings, present, report)
     return report
@@ -655,10 +704,12 @@ def _list_directories(
 
 def _read_snapshots(
     listings: list[Listing], report: ImportReport
-) -> list[tuple[Listing, FlinkSnapshotMetadata]]:
-    """Parse every ``_metadata`` before writing anything: a corrupt one fails the import cleanly.
-    Records the ``chk-N`` directories without one in ``report.in_flight``."""
+) -> tuple[list[tuple[Listing, FlinkSnapshotMetadata]], list[Unreadable]]:
+    """Parse every ``_metadata`` before writing anything: the snapshots that read, and those
+    whose ``_metadata`` does not (or reads as impossible offsets): recorded FAILED, the others
+    imported. Records the ``chk-N`` directories without one in ``report.in_flight``."""
     found: list[tuple[Listing, FlinkSnapshotMetadata]] = []
+    unreadable: list[Unreadable] = []
     ckpt_dirs = [lst.root for lst in listings if lst.role == ROLE_CHECKPOINTS]
     for listing in listings:
         for mpath in listing.metadata_files():
@@ -679,8 +730,14 @@ def _read_snapshots(
                     exists=listing.exists,
                     listed=listing.files,
                 )
-            except FlinkMetadataError as exc:
-                raise FlinkMetadataError(f"{exc}; nothing was imported") from None
+            except (FlinkMetadataError, FlinkPathEscapes) as exc:
+                unreadable.append(unreadable_of(listing, mpath, bytes(data), str(exc)))
+                continue
+            problems = structural_problems(meta)
+            if problems:
+                reason = f"its _metadata reads but cannot be right: {problems[0]}"
+                unreadable.append(unreadable_of(listing, mpath, bytes(data), reason))
+                continue
             found.append((listing, meta))
         if listing.role == ROLE_CHECKPOINTS:
             root = listing.root.rstrip("/")
@@ -688,7 +745,7 @@ def _read_snapshots(
                 parent = f"{root}/{head}"
                 if is_checkpoint_dir(head) and f"{parent}/{METADATA_FILE}" not in listing.files:
                     report.in_flight.append(listing.to_url(parent))
-    return found
+    return found, unreadable
 
 
 def _plan(
@@ -709,6 +766,9 @@ def _plan(
         present.add(location)
         known = existing.get(meta.checkpoint_id, [])
         prior = next((s for s in known if s.status is not SnapshotStatus.DISCARDED), None)
+        replaces = None
+        if prior is not None and prior.location == location and is_unreadable(prior):
+            replaces, prior = prior.id, None  # it reads now: imported, its FAILED record goes
         if (
             prior is not None
             and prior.location == location
@@ -747,7 +807,9 @@ def _plan(
                 {"checkpoint_id": meta.checkpoint_id, "location": location, "reason": reason}
             )
             continue
-        todo.append(_ToImport(listing, meta, location, prior, file_groups(meta, listing.store)))
+        todo.append(
+            _ToImport(listing, meta, location, prior, file_groups(meta, listing.store), replaces)
+        )
     return todo, present
 
 
@@ -869,7 +931,10 @@ def _write_snapshots(
     transaction."""
     # Counted before the transaction: a canonical savepoint's records are counted by reading its
     # files, and the transaction holds the catalog's writer lock.
-    stats = [key_group_stats(item.meta) for item in items]
+    counted = [_key_group_stats(item.meta) for item in items]
+    stats = [rows for rows, _ in counted]
+    bases = ["counted" if exact else "not-counted" for _, exact in counted]
+    finished = [_completed_at(item) for item in items]
     sizes = [_distinct_sizes(item.groups) for item in items]
     done: list[tuple[SnapshotRecord, bool, _ToImport]] = []
     with catalog.batch():
@@ -877,6 +942,10 @@ def _write_snapshots(
             before()
         begun: list[tuple[SnapshotRecord, bool, _ToImport]] = []
         for item in items:
+            if item.replaces is not None:
+                catalog.discard_snapshot(
+                    item.replaces, error="its _metadata reads now: imported as a new snapshot"
+                )
             if item.prior is None:
                 parallelism, snap_max_p = _catalog_parallelism(item.meta)
                 snap = catalog.begin_snapshot(
@@ -888,6 +957,7 @@ def _write_snapshots(
                     checkpoint_id=item.meta.checkpoint_id,
                     max_parallelism=snap_max_p,
                     trigger=TRIGGER,
+                    metadata_format="flink",
                 )
                 begun.append((snap, False, item))
             else:
@@ -898,7 +968,9 @@ def _write_snapshots(
             if not resumed or not catalog.snapshot_files(snap.id, limit=1)
         )
         crash_point("flink.import.after_attach")
-        for (snap, resumed, item), rows, files in zip(begun, stats, sizes, strict=True):
+        for (snap, resumed, item), rows, files, basis, when in zip(
+            begun, stats, sizes, bases, finished, strict=True
+        ):
             if rows and (not resumed or not catalog.key_group_stats(snap.id)):
                 catalog.record_key_group_stats(snap.id, rows)
             completed = catalog.complete_snapshot(
@@ -906,12 +978,21 @@ def _write_snapshots(
                 snap.version,
                 bytes=sum(files.values()),
                 entries=sum(r.rows for r in rows),
+                completed_at=when,
+                entries_basis=basis,
             )
             done.append((completed, resumed, item))
     for (snap, resumed, item), files in zip(done, sizes, strict=True):
         summary = _summary(snap, item.groups, item.meta, len(files))
         (report.resumed if resumed else report.added).append(summary)
     crash_point("flink.import.after_commit")
+
+
+def _completed_at(item: _ToImport) -> datetime:
+    """When Flink completed the snapshot: its ``_metadata``'s modification time (Flink writes
+    it last), else now."""
+    stamp = metadata_stamp(item.listing.store, item.meta.metadata_path)
+    return datetime.fromtimestamp(stamp[1], UTC) if stamp is not None else datetime.now(UTC)
 
 
 def _distinct_sizes(groups: list[FileGroup]) -> dict[str, int]:
@@ -928,8 +1009,12 @@ def _mark_vanished(
     """Discard the COMPLETED snapshots a listing looked for and did not find, once the store
     confirms their ``_metadata`` is gone. Snapshots of a missing directory are left alone."""
     claimed = [d for d, _ in catalog.job_directories(job)]
-    for snap in catalog.list_snapshots(job, status=SnapshotStatus.COMPLETED):
-        if snap.location in present:
+    for snap in catalog.list_snapshots(
+        job, status=[SnapshotStatus.COMPLETED, SnapshotStatus.FAILED]
+    ):
+        if snap.location in present or (
+            snap.status is SnapshotStatus.FAILED and not is_unreadable(snap)
+        ):
             continue
         listing = next((lst for lst in listings if _looks_for(lst, snap.location, claimed)), None)
         if listing is None:

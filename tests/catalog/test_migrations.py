@@ -226,6 +226,58 @@ def test_0005_keeps_every_row_moves_discard_stamps_and_frees_discarded_checkpoin
     assert current_revision(empty_url) == head_revision()
 
 
+def test_0009_tells_imported_snapshots_their_reader_and_how_their_entries_were_got(
+    empty_url: str,
+) -> None:
+    """Rows of revision 0007: imported ones read as Flink's, keep their import time as
+    ``imported_at`` and are 'not counted' unless canonical with entries; others by format."""
+    upgrade(empty_url, "0007")
+    engine = create_engine(parse_url(empty_url))
+    rows = {  # checkpoint id: (trigger, format, entries, bytes)
+        1: ("flink-import", "NATIVE", 0, 500),
+        2: ("flink-import", "CANONICAL", 40, 500),
+        3: ("flink-import", "CANONICAL", 0, 500),
+        4: ("periodic", "NATIVE", 7, 500),
+        5: ("periodic", "CANONICAL", 7, 500),
+    }
+    try:
+        with engine.begin() as conn:
+            now = "2026-11-25 10:00:00"
+            job_id = conn.execute(
+                text(
+                    "INSERT INTO sk_jobs (name, max_parallelism, properties, created_at, origin) "
+                    "VALUES ('j', 8, '{}', :now, 'flink') RETURNING id"
+                ),
+                {"now": now},
+            ).scalar_one()
+            for cid, (trigger, fmt, entries, size) in rows.items():
+                conn.execute(
+                    text(
+                        "INSERT INTO sk_snapshots (job_id, checkpoint_id, kind, format, status, "
+                        "parallelism, max_parallelism, location, bytes, entries, created_at, "
+                        "completed_at, trigger, version) VALUES (:job, :cid, 'CHECKPOINT', :fmt, "
+                        "'COMPLETED', 1, 8, :loc, :size, :entries, :now, :now, :trigger, 1)"
+                    ),
+                    {"job": job_id, "cid": cid, "fmt": fmt, "loc": f"file:///j/chk-{cid}",
+                     "size": size, "entries": entries, "now": now, "trigger": trigger},
+                )  # fmt: skip
+    finally:
+        engine.dispose()
+    upgrade(empty_url)
+    with Catalog.open(empty_url) as cat:
+        snaps = {s.checkpoint_id: s for s in cat.list_snapshots("j")}
+    assert {c: s.metadata_format for c, s in snaps.items()} == {
+        1: "flink", 2: "flink", 3: "flink", 4: "statekeeper", 5: "statekeeper"
+    }  # fmt: skip
+    assert {c: s.entries_basis for c, s in snaps.items()} == {
+        1: "not-counted", 2: "counted", 3: "not-counted", 4: "estimated", 5: "counted"
+    }  # fmt: skip
+    assert all((s.imported_at is not None) == (c <= 3) for c, s in snaps.items())
+    assert snaps[1].imported_at == snaps[1].completed_at
+    downgrade(empty_url, "0007")
+    assert current_revision(empty_url) == "0007"
+
+
 def test_migrations_leave_sqlite_foreign_keys_enforced(tmp_path: Path) -> None:
     """The rebuild runs with SQLite's foreign keys off; an engine handed in gets them back."""
     from state_engine.catalog.engine import make_engine

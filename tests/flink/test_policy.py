@@ -105,7 +105,8 @@ def test_import_with_manage_sets_the_policy_a_later_sync_keeps_it_and_jobs_shows
 ) -> None:
     job_dir = flink_copy(flink_fixtures.java_job("hashmap"))
     sp = flink_copy(flink_fixtures.java_savepoints("hashmap"))
-    assert statectl("flink", "import", str(job_dir), "--job", "hm", "--manage", "orphans,retention")[0] == 0  # fmt: skip
+    manage = ["--manage", "orphans,retention"]
+    assert statectl("flink", "import", str(job_dir), "--job", "hm", *manage)[0] == 0
     assert statectl("flink", "import", str(sp), "--job", "sp")[0] == 0
     assert statectl("flink", "import", str(job_dir), "--job", "hm")[0] == 0  # a sync
     code, out, _ = statectl("jobs", "--json")

@@ -40,6 +40,11 @@ JOB_ORIGINS = ("statekeeper", "flink")
 # Which reader reads a snapshot's _metadata, and where its entry count comes from (0009).
 METADATA_FORMATS = ("statekeeper", "flink")
 ENTRIES_BASES = ("counted", "estimated", "not-counted")
+# What Statekeeper may delete in a job's directories (its management policy, migration 0008):
+# ``retention`` (expire: old checkpoints, named savepoints), ``orphans`` (orphan cleanup).
+JOB_ACTIONS = ("retention", "orphans")
+#: the policy a job gets when none is given: a Statekeeper job's everything, a Flink job's nothing
+DEFAULT_MANAGE = {"statekeeper": ",".join(JOB_ACTIONS), "flink": ""}
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -101,6 +106,9 @@ class Job(Base):
     properties: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime]
     origin: Mapped[str] = mapped_column(String(16), server_default="statekeeper")
+    #: the JOB_ACTIONS Statekeeper may take in the job's directories, comma-separated in
+    #: JOB_ACTIONS order; empty: read-only (migration 0008)
+    manage: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_MANAGE["statekeeper"])
 
 
 class JobDir(Base):

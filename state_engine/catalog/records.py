@@ -21,6 +21,9 @@ class JobRecord:
     properties: dict[str, Any]
     created_at: datetime
     origin: str = "statekeeper"
+    #: what Statekeeper may delete in the job's directories (of ``models.JOB_ACTIONS``, in that
+    #: order); empty: read-only
+    manage: tuple[str, ...] = ("retention", "orphans")
 
 
 @dataclass(frozen=True, slots=True)

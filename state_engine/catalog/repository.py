@@ -25,7 +25,9 @@ from state_engine.catalog.file_registry import FileRegistryMixin
 from state_engine.catalog.leases import LeaseMixin
 from state_engine.catalog.migrate import check_at_head
 from state_engine.catalog.models import (
+    DEFAULT_MANAGE,
     ENTRIES_BASES,
+    JOB_ACTIONS,
     JOB_ORIGINS,
     METADATA_FORMATS,
     RETAINED_STATUSES,
@@ -124,13 +126,20 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
         location: str | None = None,
         properties: dict[str, Any] | None = None,
         origin: str = "statekeeper",
+        manage: Iterable[str] | None = None,
     ) -> JobRecord:
-        """Register a job, or return it if registered with the same max parallelism and origin."""
+        """Register a job, or return it if registered with the same max parallelism and origin.
+
+        ``manage``: a new job's management policy (see :meth:`set_job_policy`); None gives its
+        origin's default (a Statekeeper job everything, a Flink job nothing). An existing job
+        keeps its own.
+        """
         check_name(name, "a job name")
         if origin not in JOB_ORIGINS:
             raise InvalidCatalogInput(
                 f"job origin must be one of {', '.join(JOB_ORIGINS)}, got {origin!r}"
             )
+        policy = DEFAULT_MANAGE[origin] if manage is None else _policy_text(manage)
         check_int(max_parallelism, "max_parallelism", 1, MAX_MAX_PARALLELISM)
         props = as_json(properties or {}, "job properties")
         with self._write() as s:
@@ -143,6 +152,7 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
                     properties=props,
                     created_at=self.now(),
                     origin=origin,
+                    manage=policy,
                 )
                 s.add(job)
                 s.flush()
@@ -165,6 +175,15 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
         with self._write() as s:
             row = resolve_job(s, job)
             row.max_parallelism = max_parallelism
+            return job_record(row)
+
+    def set_job_policy(self, job: str | int, manage: Iterable[str]) -> JobRecord:
+        """Record which deleting actions (of ``JOB_ACTIONS``) Statekeeper may take in the job's
+        directories; none: read-only. Returns the job as it is now."""
+        policy = _policy_text(manage)
+        with self._write() as s:
+            row = resolve_job(s, job)
+            row.manage = policy
             return job_record(row)
 
     def get_job(self, job: str | int) -> JobRecord:
@@ -660,6 +679,19 @@ class Catalog(JobDirMixin, RunMixin, FileRegistryMixin, ReportsMixin, LeaseMixin
     def _record_sizes(self, s: Session, snapshot_id: int) -> None:
         # Core on the session's connection (to the ORM a parameter dict means a bulk insert)
         s.connection().execute(_RECORD_SIZES, {"snapshot_id": snapshot_id})
+
+
+def _policy_text(manage: Iterable[str]) -> str:
+    """A policy as its column holds it: known actions, each once, in JOB_ACTIONS order."""
+    if isinstance(manage, str):
+        raise InvalidCatalogInput(f"a management policy is a list of actions, got {manage!r}")
+    given = list(manage)
+    unknown = [a for a in given if a not in JOB_ACTIONS]
+    if unknown:
+        raise InvalidCatalogInput(
+            f"unknown management action {unknown[0]!r}; the actions are {', '.join(JOB_ACTIONS)}"
+        )
+    return ",".join(a for a in JOB_ACTIONS if a in given)
 
 
 def _record_sizes_stmt() -> Insert:

@@ -127,7 +127,14 @@ def no_snapshot(snapshot_id: int) -> NoSuchSnapshot:
 
 def job_record(j: Job) -> JobRecord:
     return JobRecord(
-        j.id, j.name, j.max_parallelism, j.location, j.properties, j.created_at, j.origin
+        j.id,
+        j.name,
+        j.max_parallelism,
+        j.location,
+        j.properties,
+        j.created_at,
+        j.origin,
+        tuple(a for a in (j.manage or "").split(",") if a),
     )
 
 

@@ -423,6 +423,37 @@ def test_rescale_params_out_of_range_are_refused_at_trigger_time(
     assert says in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("dag_id", "conf", "param", "says"),
+    [
+        ("statekeeper_rescale", {"job": "o", "parallelism": 2, "source_snapshot": 1 << 63},
+         "source_snapshot", "greater than the maximum"),
+        ("statekeeper_savepoint", {"job": "o", "source_snapshot": 1 << 63}, "source_snapshot",
+         "greater than the maximum"),
+        ("statekeeper_savepoint", {"job": "x" * 201}, "job", "too long"),
+        ("statekeeper_savepoint", {"job": "o", "ttl": ["lastSeen"]}, "ttl", "does not match"),
+        ("statekeeper_savepoint", {"job": "o", "pyflink_types": ["total"]}, "pyflink_types",
+         "does not match"),
+        ("statekeeper_ttl_cleanup", {"at": 1 << 63}, "at", "greater than the maximum"),
+    ],
+)  # fmt: skip
+def test_ids_and_names_out_of_range_are_refused_at_trigger_time(
+    dag_of: Callable[[str], Any], dag_id: str, conf: dict[str, Any], param: str, says: str
+) -> None:
+    from airflow.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=f"param {param}") as refused:
+        trigger_params(dag_of(dag_id), conf).validate()
+    assert says in str(refused.value)
+
+
+def test_the_savepoint_form_takes_ttls_and_pyflink_types(dag_of: Callable[[str], Any]) -> None:
+    conf = {"job": "o", "ttl": ["lastSeen=3600000"], "pyflink_types": ["total=value:LONG"]}
+    resolved = trigger_params(dag_of("statekeeper_savepoint"), conf).validate()
+    assert (resolved["ttl"], resolved["pyflink_types"]) == (conf["ttl"], conf["pyflink_types"])
+    assert trigger_params(dag_of("statekeeper_savepoint"), {"job": "o"}).validate()["ttl"] == []
+
+
 def test_rescale_params_in_range_resolve_with_their_defaults(
     dag_of: Callable[[str], Any],
 ) -> None:

@@ -35,8 +35,8 @@ and in a format the job reads, the parallelism fits the max parallelism, a savep
 inside the job's roots or ``STATEKEEPER_ALLOWED_SAVEPOINT_DIRS``) and the input snapshot is
 pinned: a retry reads what the first try read. Errors that a retry cannot fix (those, a bad
 setting) fail the task at once (``AirflowFailException``) with the job's message; those the job's
-state caused are recorded as a FAILED run of the job, argument errors not at all; others (a lease held by another deleting run, Spark or storage
-failures) fail it for Airflow's retries.
+state caused are recorded as a FAILED run of the job, argument errors not at all; others (a lease
+held by another deleting run, Spark or storage failures) fail it for Airflow's retries.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from state_engine.catalog import Catalog, JobRecord, SnapshotRecord
 from state_engine.catalog import Page as CatalogPage
 from state_engine.formatting import is_estimated
+from state_engine.ids import MAX_ID
 from statekeeper_airflow.auth import api_user
 from statekeeper_airflow.schemas import (
     ErrorOut,
@@ -44,7 +45,7 @@ def get_catalog(request: Request) -> Catalog:
 CatalogDep = Annotated[Catalog, Depends(get_catalog)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"page size, at most {MAX_LIMIT}")]
 #: Ids and offsets are 64-bit in the catalog: anything larger is a 400, not a database overflow.
-INT64_MAX = (1 << 63) - 1
+INT64_MAX = MAX_ID
 Offset = Annotated[int, Query(ge=0, le=INT64_MAX, description="items to skip")]
 SnapshotId = Annotated[int, Path(ge=1, le=INT64_MAX, description="snapshot id")]
 

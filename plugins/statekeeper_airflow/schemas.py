@@ -147,6 +147,7 @@ class RunOut(Record):
     error: str | None
     dag_id: str | None
     airflow_run_id: str | None
+    task_id: str | None
 
 
 class ErrorOut(BaseModel):

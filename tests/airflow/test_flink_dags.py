@@ -239,6 +239,15 @@ def test_savepoint_dag_converts_the_latest_flink_snapshot_without_spark(
     assert (output.kind, output.format, output.status) == ("SAVEPOINT", "CANONICAL", "COMPLETED")
     assert output.location.rstrip("/") == target
     assert (tmp_path / "converted" / "_metadata").is_file()
+    # traceable: the DAG run, its run id and task on the run; the input as the parent, and the
+    # run's trigger tag on the snapshot it wrote
+    assert (run.dag_id, run.airflow_run_id, run.task_id) == (
+        "statekeeper_savepoint",
+        dagrun.run_id,
+        "savepoint",
+    )
+    assert output.parent_id == chk11.id
+    assert run.stats is not None and output.trigger == run.stats["trigger"]
     # the next sync's verify reads the converted savepoint as Statekeeper's own format
     dagrun = dag_of("statekeeper_flink_sync").test()
     assert dagrun.state == "success", task_states(dagrun)

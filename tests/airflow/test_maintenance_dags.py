@@ -337,11 +337,15 @@ def test_savepoint_captures_the_latest_snapshot_into_the_target_directory(
     assert (savepoint.kind, savepoint.status) == ("SAVEPOINT", "COMPLETED")
     assert savepoint.location.rstrip("/") == target
     assert (tmp_path / "savepoints" / "before-upgrade" / "_metadata").is_file()
-    assert (run.dag_id, run.airflow_run_id) == ("statekeeper_savepoint", dagrun.run_id)
+    assert (run.dag_id, run.airflow_run_id, run.task_id) == (
+        "statekeeper_savepoint",
+        dagrun.run_id,
+        "savepoint",
+    )
     assert [uri for uri, _ in asset_events(dagrun)] == ["statekeeper://orders/snapshots"]
 
 
-def test_savepoint_of_an_unknown_job_fails_at_once_and_is_recorded_failed(
+def test_savepoint_of_an_unknown_job_fails_at_once_and_is_not_a_run(
     dag_of: Callable[[str], Any], env: Env, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dagrun = dag_of("statekeeper_savepoint").test(run_conf={"job": "no-such-job"})
@@ -352,13 +356,7 @@ def test_savepoint_of_an_unknown_job_fails_at_once_and_is_recorded_failed(
     assert (ti.state, ti.try_number) == ("failed", 1)
     assert "savepoint of job 'no-such-job'" in capsys.readouterr().out
     with env.catalog() as cat:
-        [run] = cat.list_runs(kind="savepoint")
-    assert (run.status, run.dag_id, run.airflow_run_id) == (
-        "FAILED",
-        "statekeeper_savepoint",
-        dagrun.run_id,
-    )
-    assert "no-such-job" in (run.error or "")
+        assert cat.list_runs(kind="savepoint") == []  # it never reached a job
 
 
 # --- statekeeper_rescale ---
@@ -421,6 +419,37 @@ def test_rescale_params_out_of_range_are_refused_at_trigger_time(
     with pytest.raises(ParamValidationError, match=f"param {param}") as refused:
         params.validate()
     assert says in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "conf", "param", "says"),
+    [
+        ("statekeeper_rescale", {"job": "o", "parallelism": 2, "source_snapshot": 1 << 63},
+         "source_snapshot", "greater than the maximum"),
+        ("statekeeper_savepoint", {"job": "o", "source_snapshot": 1 << 63}, "source_snapshot",
+         "greater than the maximum"),
+        ("statekeeper_savepoint", {"job": "x" * 201}, "job", "too long"),
+        ("statekeeper_savepoint", {"job": "o", "ttl": ["lastSeen"]}, "ttl", "does not match"),
+        ("statekeeper_savepoint", {"job": "o", "pyflink_types": ["total"]}, "pyflink_types",
+         "does not match"),
+        ("statekeeper_ttl_cleanup", {"at": 1 << 63}, "at", "greater than the maximum"),
+    ],
+)  # fmt: skip
+def test_ids_and_names_out_of_range_are_refused_at_trigger_time(
+    dag_of: Callable[[str], Any], dag_id: str, conf: dict[str, Any], param: str, says: str
+) -> None:
+    from airflow.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=f"param {param}") as refused:
+        trigger_params(dag_of(dag_id), conf).validate()
+    assert says in str(refused.value)
+
+
+def test_the_savepoint_form_takes_ttls_and_pyflink_types(dag_of: Callable[[str], Any]) -> None:
+    conf = {"job": "o", "ttl": ["lastSeen=3600000"], "pyflink_types": ["total=value:LONG"]}
+    resolved = trigger_params(dag_of("statekeeper_savepoint"), conf).validate()
+    assert (resolved["ttl"], resolved["pyflink_types"]) == (conf["ttl"], conf["pyflink_types"])
+    assert trigger_params(dag_of("statekeeper_savepoint"), {"job": "o"}).validate()["ttl"] == []
 
 
 def test_rescale_params_in_range_resolve_with_their_defaults(

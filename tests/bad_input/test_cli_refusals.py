@@ -199,3 +199,18 @@ def test_every_listing_survives_head_closing_the_pipe(big_catalog: dict[str, int
         assert first, argv
         assert statectl.returncode in (0, 141), (argv, statectl.returncode, err)
         assert b"Traceback" not in err and b"BrokenPipe" not in err, (argv, err.decode())
+
+
+def test_text_from_paths_and_the_catalog_is_escaped_as_tables_are(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from state_engine.cli.output import print_text
+
+    odd = tmp_path / "e\x1b[2Jx\u202e"
+    odd.mkdir()
+    assert main(["flink", "import", str(odd), "--job", "ok"]) == 1
+    line = _one_line_refusal(capsys.readouterr().err)
+    assert "\x1b" not in line and "\u202e" not in line and "\\x1b[2Jx" in line
+    # a rendered report keeps its lines, each escaped
+    print_text("imported job 'a\x1b[31m'\nverify: \x07bell")
+    assert capsys.readouterr().out == "imported job 'a\\x1b[31m'\nverify: \\x07bell\n"

@@ -399,7 +399,8 @@ def bytes_skew_section(skews: list[Any], bytes_by_operator: dict[str, list[int]]
             f"<p>Entries {escape(NOT_COUNTED_NOTE)}: the skew below is by bytes.</p>"
             f'<p>Skew (max / mean bytes per key group): <span class="figure skew">{figure}</span>'
             f" &middot; max {escape(human_bytes(max(per_group, default=0)))}, mean "
-            f"{escape(human_bytes(int(mean)))} over {len(per_group):,} key groups</p>"
+            f"{escape(human_bytes(int(mean)))} over {skew.key_groups:,} key groups "
+            f"({skew.recorded_key_groups:,} recorded)</p>"
             + histogram(
                 per_group,
                 mean=mean,

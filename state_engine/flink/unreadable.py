@@ -18,7 +18,7 @@ from state_engine.catalog.records import SnapshotRecord
 from state_engine.errors import CommitConflict
 from state_engine.flink.layout import ROLE_CHECKPOINTS, is_checkpoint_dir
 from state_engine.flink.metadata import HEADER_MAGIC_NUMBER
-from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
+from state_engine.snapshot_enums import SnapshotFormat, SnapshotKind, SnapshotStatus
 
 if TYPE_CHECKING:
     from state_engine.flink.import_job import ImportReport, Listing
@@ -118,7 +118,7 @@ def record_unreadable(
                     location=item.location,
                     parallelism=1,
                     kind=item.kind,
-                    format="NATIVE",
+                    format=SnapshotFormat.NATIVE,
                     checkpoint_id=item.checkpoint_id,
                     trigger=trigger,
                     metadata_format="flink",

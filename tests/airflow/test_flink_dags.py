@@ -219,6 +219,10 @@ def test_plugin_pages_show_an_imported_flink_job(
         page = client.get(f"/snapshots/{chk11.id}", headers=auth)
         assert page.status_code == 200
         assert "Operator agg" in page.text and "128 recorded" in page.text
+        # a hashmap checkpoint's entries were never counted: said so, its skew by bytes
+        assert "not counted" in page.text and "~0" not in page.text
+        assert "max / mean bytes per key group" in page.text
+        assert "~0" not in job_page.text and "not counted" in job_page.text
 
 
 def test_savepoint_dag_converts_the_latest_flink_snapshot_without_spark(

@@ -312,6 +312,10 @@ class InvalidJobParams(MaintenanceError, ValueError):
     """Maintenance job parameters that cannot be used as given."""
 
 
+class JobReadOnly(InvalidJobParams):
+    """A deleting maintenance run the job's management policy does not allow (or a bad policy)."""
+
+
 class SnapshotNotUsable(MaintenanceError):
     """An input snapshot a maintenance job cannot read (not COMPLETED, or not canonical)."""
 

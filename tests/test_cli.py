@@ -78,9 +78,10 @@ def test_listings_as_tables_and_json(filled: int, capsys: pytest.CaptureFixture[
     code, out, _ = _run(capsys, "jobs")
     header, rule, row = out.splitlines()
     assert header.split() == ["id", "name", "max_parallelism", "latest", "checkpoint", "bytes",
-                              "completed_at"]  # fmt: skip
+                              "completed_at", "manage"]  # fmt: skip
     # sizes for people in the table; --json keeps the byte count
     assert row.split()[:7] == ["1", "orders", "128", str(filled), "1", "5.0", "KiB"]
+    assert row.split()[-1] == "retention,orphans"  # a Statekeeper job's default policy
     assert len(rule) == len(row)  # columns line up under the rule
     jobs = json.loads(_run(capsys, "jobs", "--json")[1])
     assert jobs[0]["latest_snapshot"]["id"] == filled

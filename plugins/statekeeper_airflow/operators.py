@@ -144,6 +144,7 @@ def run_maintenance(
     if job is not None:
         merged["job"] = job
     merged = check_params(kind, merged)
+    check_policy(kind, merged)
     ti = context["ti"]
     dag_id, airflow_run_id = ti.dag_id, ti.run_id
     map_index = getattr(ti, "map_index", -1)
@@ -200,6 +201,22 @@ def run_maintenance(
     if emit:
         emit_snapshot_event(context, report, kind)
     return report
+
+
+def check_policy(kind: str, params: Mapping[str, Any]) -> None:
+    """Fail the task (no retry fixes it) when the job's management policy does not allow the
+    deletion ``kind`` makes; nothing is run or recorded."""
+    from state_engine.catalog import Catalog
+    from state_engine.errors import JobReadOnly
+    from state_engine.maintenance.scope import ACTION_OF, check_allowed
+
+    if kind not in ACTION_OF:
+        return
+    with Catalog.from_settings() as catalog:
+        try:
+            check_allowed(catalog, kind, params)
+        except JobReadOnly as exc:
+            raise AirflowFailException(str(exc)) from exc
 
 
 def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from state_engine import __version__
-from state_engine.cli import browse, catalog, flink, maintain, sql
+from state_engine.cli import browse, catalog, flink, maintain, policy, sql
 from state_engine.errors import StatekeeperError
 
 
@@ -25,6 +25,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     catalog.register(commands)
     browse.register(commands)
+    policy.register(commands)  # `jobs set-policy`, under browse's `jobs`
     sql.register(commands)
     # `maintain NAME` and `state show` import pyspark only when one of them runs, so the catalog
     # commands stay quick

@@ -41,9 +41,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 None if snap is None else snap.checkpoint_id,
                 None if snap is None else snap.bytes,
                 None if snap is None else snap.completed_at,
+                ",".join(j.manage) or "read-only",
             ]
         )
-    columns = ["id", "name", "max_parallelism", "latest", "checkpoint", "bytes", "completed_at"]
+    columns = [
+        "id", "name", "max_parallelism", "latest", "checkpoint", "bytes", "completed_at", "manage",
+    ]  # fmt: skip
     print(format_table(columns, rows, sizes=BYTE_COLUMNS))
     return 0
 

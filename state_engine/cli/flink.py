@@ -14,9 +14,14 @@ def cmd_flink_import(args: argparse.Namespace) -> int:
     from state_engine.catalog import Catalog
     from state_engine.flink.import_job import import_flink
 
+    manage = None
+    if args.manage is not None:
+        from state_engine.maintenance.scope import parse_actions
+
+        manage = parse_actions(args.manage)  # refused before anything is imported
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:
-        report = import_flink(catalog, list(args.paths), args.job)
+        report = import_flink(catalog, list(args.paths), args.job, manage=manage)
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))
     else:
@@ -56,6 +61,13 @@ def register(subparsers: Any) -> None:
     )
     imp.add_argument("paths", metavar="PATH", nargs="+", help="directory path or URL")
     imp.add_argument("--job", required=True, help="the catalog job name")
+    imp.add_argument(
+        "--manage",
+        metavar="ACTIONS",
+        help="let Statekeeper delete in these directories: retention (expire), orphans (orphan "
+        "cleanup), comma-separated; without it a new job is read-only and an existing one keeps "
+        "its policy (`statectl jobs set-policy` changes it later)",
+    )
     imp.add_argument("--json", action="store_true", help="print the report as JSON")
     imp.set_defaults(handler=cmd_flink_import)
     forget = commands.add_parser(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import posixpath
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -532,11 +532,19 @@ def import_flink(
     job: str,
     *,
     storage_options: dict[str, Any] | None = None,
+    manage: Sequence[str] | None = None,
 ) -> ImportReport:
-    """Import or sync the Flink directories ``paths`` as catalog job ``job`` (see module doc)."""
+    """Import or sync the Flink directories ``paths`` as catalog job ``job`` (see module doc).
+
+    ``manage``: the job's management policy from now on (what Statekeeper may delete in its
+    directories); None: a new job is read-only, an existing one keeps its policy.
+    """
     # an import builds a few objects per state handle, none of them in a cycle
     with collector_paused():
-        return _import(catalog, paths, job, storage_options)
+        report = _import(catalog, paths, job, storage_options)
+    if manage is not None:
+        catalog.set_job_policy(job, manage)
+    return report
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 From the Airflow Variable ``statekeeper_flink_jobs`` or, when it is unset, the JSON file named by
 ``STATEKEEPER_FLINK_JOBS_FILE``; the format (``checkpoint_dir``, ``savepoint_dirs``,
-``flink_job_id``, ``rest_url``) is in ``docs/operations.md``, "From Airflow".
+``flink_job_id``, ``rest_url``, ``manage``) is in ``docs/operations.md``, "From Airflow".
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
+from state_engine.catalog.models import JOB_ACTIONS
 from state_engine.errors import ConfigurationError
 
 VARIABLE = "statekeeper_flink_jobs"
@@ -26,6 +27,8 @@ class FlinkJobConfig:
     savepoint_dirs: tuple[str, ...] = ()
     flink_job_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the job's management policy, set at every sync; None: the catalog's (read-only when new)
+    manage: tuple[str, ...] | None = None
 
     @property
     def paths(self) -> list[str]:
@@ -46,6 +49,7 @@ class FlinkJobConfig:
             "checkpoint_dir": self.checkpoint_dir,
             "savepoint_dirs": list(self.savepoint_dirs),
             "flink_job_id": self.job_id,
+            **({} if self.manage is None else {"manage": list(self.manage)}),
         }
 
 
@@ -77,7 +81,7 @@ def parse_jobs_config(value: Any, source: str) -> list[FlinkJobConfig]:
                 f"{source}: job {name!r} names no directory; give checkpoint_dir and/or "
                 "savepoint_dirs"
             )
-        known = {"checkpoint_dir", "savepoint_dirs", "flink_job_id"}
+        known = {"checkpoint_dir", "savepoint_dirs", "flink_job_id", "manage"}
         out.append(
             FlinkJobConfig(
                 str(name),
@@ -85,9 +89,24 @@ def parse_jobs_config(value: Any, source: str) -> list[FlinkJobConfig]:
                 tuple(sps),
                 spec.get("flink_job_id") or None,
                 {k: v for k, v in spec.items() if k not in known},
+                _manage(spec.get("manage"), name, source),
             )
         )
     return out
+
+
+def _manage(value: Any, name: str, source: str) -> tuple[str, ...] | None:
+    """A job's ``manage``: a list of actions (or their comma-separated text); [] is read-only."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [a.strip() for a in value.split(",") if a.strip()]
+    if not isinstance(value, list) or not all(a in JOB_ACTIONS for a in value):
+        raise ConfigurationError(
+            f"{source}: job {name!r}: manage must list actions of {', '.join(JOB_ACTIONS)} "
+            f"(empty: read-only), got {value!r}"
+        )
+    return tuple(value)
 
 
 def load_jobs_config(variable: str | None = None) -> list[FlinkJobConfig]:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from state_engine.catalog import Catalog
-from state_engine.catalog.records import SnapshotRecord
+from state_engine.catalog.records import JobRecord, SnapshotRecord
 from state_engine.errors import (
     FlinkJobDirectoryMissing,
     FlinkMetadataError,
@@ -57,6 +57,7 @@ from state_engine.maintenance.deletion import (
     delete_urls,
     forget_and_delete,
     hooks,
+    limited,
     parse_cutoff,
     resolve_job,
     wait_seconds,
@@ -80,13 +81,26 @@ def is_flink_job(catalog: Catalog, job: Any) -> bool:
         return False
 
 
-def _deleted(items: list[str]) -> dict[str, Any]:
-    return {"count": len(items), "items": items}
+def _deleted(items: list[str], nbytes: int) -> dict[str, Any]:
+    """The deleted paths as a run's report lists them (cut to LIST_LIMIT), with their bytes."""
+    return {**limited(items), "bytes": nbytes}
 
 
 def checkpoint_dirs(catalog: Catalog, job: str) -> list[str]:
     """URLs of the job's imported checkpoint directories (``<checkpoint-dir>/<job-id>``)."""
     return [p for p, role in catalog.job_directories(job) if role == ROLE_CHECKPOINTS]
+
+
+def scheduled_skips(catalog: Catalog, job: JobRecord) -> dict[str, str]:
+    """Maintenance step -> why scheduled maintenance has nothing to do there for Flink job
+    ``job`` whatever its policy: a job imported from savepoint directories only has no
+    checkpoint directory, and savepoint directories are never cleaned of orphans."""
+    if job.origin != "flink" or checkpoint_dirs(catalog, job.name):
+        return {}
+    return {
+        ORPHAN_CLEANUP: "imported from savepoint directories only: no checkpoint directory to "
+        "clean of orphans (savepoint directories are never cleaned)"
+    }
 
 
 def discarded_metadata(catalog: Catalog, job: str) -> dict[str, set[Stamp]]:
@@ -439,7 +453,7 @@ def _expire_stats(
         # paths a checkpoint written since (where an expired one was) owns now: kept on disk,
         # forgotten by the catalog, which the next sync imports them into
         "forgotten_for_new_checkpoints": plan.forget_only,
-        "deleted": _deleted(list(deleted)),
+        "deleted": _deleted(list(deleted), nbytes),
     }
 
 
@@ -604,7 +618,7 @@ def _orphan_stats(
         "checkpoints_without_metadata": plan.in_flight,
         "foreign_references": plan.foreign,
         "links_kept": plan.links_kept,
-        "deleted": _deleted(list(deleted)),
+        "deleted": _deleted(list(deleted), nbytes),
     }
 
 

@@ -247,8 +247,11 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     if args.job_name in ("expire", "orphan_cleanup"):
         # Jobs imported from Apache Flink are maintained in plain Python: no Spark starts.
         from state_engine.flink.retention import flink_runner, run_maintenance
+        from state_engine.maintenance.scope import check_allowed
 
         with Catalog.from_settings(settings) as catalog:
+            # a deletion the job's management policy does not allow: refused before any run
+            check_allowed(catalog, args.job_name, job_params(args))
             if flink_runner(catalog, args.job_name, job_params(args)) is not None:
                 return run_maintenance(catalog, args.job_name, settings, **job_params(args))
     if importlib.util.find_spec("pyspark") is None:

@@ -1,13 +1,16 @@
-"""What scheduled maintenance decides from the catalog before it starts any Spark work: how many
-deltas rest on a job's full base (compaction), and which jobs a TTL cleanup can work on. The
-maintenance and TTL cleanup DAGs call these."""
+"""What scheduled maintenance decides from the catalog before it starts any Spark work: which
+steps each job's management policy allows, how many deltas rest on a job's full base
+(compaction), and which jobs a TTL cleanup can work on. The maintenance and TTL cleanup DAGs call
+these."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from state_engine.catalog import Catalog, SnapshotRecord
+from state_engine.catalog import Catalog, JobRecord, SnapshotRecord
+from state_engine.maintenance.scope import policy_text, refusal
 from state_engine.snapshot.metadata import read_metadata
 from state_engine.snapshot_enums import SnapshotFormat
 
@@ -86,3 +89,41 @@ def ttl_plan(catalog: Catalog) -> dict[str, Any]:
         else:
             targets.append({"job": job.name, "snapshot": record.id})
     return {"targets": targets, "skipped": skipped}
+
+
+#: the maintenance DAG's steps per job, in the order they run
+STEPS = ("compaction", "expire", "orphan_cleanup")
+#: step -> reason, for the steps an origin has nothing to do in (``flink.retention``'s rules)
+SkipsOf = Callable[[Catalog, JobRecord], dict[str, str]]
+
+
+def step_skip(
+    catalog: Catalog, job: JobRecord, step: str, skips_of: SkipsOf | None = None
+) -> str | None:
+    """Why scheduled maintenance skips ``step`` of ``job``, or None when it runs: the job's
+    management policy does not allow the deletion, or there is nothing of the kind to work on."""
+    reason = refusal(job, step)
+    if reason is not None:
+        return reason
+    return (skips_of(catalog, job) if skips_of else {}).get(step)
+
+
+def maintenance_plan(catalog: Catalog, skips_of: SkipsOf | None = None) -> dict[str, Any]:
+    """Every job, its policy, and each step scheduled maintenance skips for it and why.
+
+    ``jobs``: the job names, by name; ``policies``: name -> policy text; ``skipped``:
+    ``{"job", "step", "reason"}`` per step skipped (compaction decides from the delta chain
+    when it runs).
+    """
+    jobs = catalog.list_jobs()
+    skipped = []
+    for job in jobs:
+        for step in STEPS:
+            reason = step_skip(catalog, job, step, skips_of)
+            if reason is not None:
+                skipped.append({"job": job.name, "step": step, "reason": reason})
+    return {
+        "jobs": [j.name for j in jobs],
+        "policies": {j.name: policy_text(j.manage) for j in jobs},
+        "skipped": skipped,
+    }

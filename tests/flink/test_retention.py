@@ -242,7 +242,8 @@ def test_cli_maintain_on_a_flink_job_prints_deleted_items(
 ) -> None:
     monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
     job_dir = flink_copy(flink_fixtures.java_job("hashmap"))
-    assert cli.main(["flink", "import", str(job_dir), "--job", "cli"]) == 0
+    manage = ["--manage", "retention,orphans"]
+    assert cli.main(["flink", "import", str(job_dir), "--job", "cli", *manage]) == 0
     orphan = _plant(job_dir / "chk-11" / "leftover", b"x")
     capsys.readouterr()
     argv = ["maintain", "orphan_cleanup", "--job", "cli", "--older-than", "1d", "--json"]
@@ -279,7 +280,7 @@ def test_expire_older_than_uses_the_time_flink_wrote_each_metadata(
 ) -> None:
     monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
     job_dir = flink_copy(flink_fixtures.java_job("hashmap"))  # chk-8, chk-10, chk-11
-    assert cli.main(["flink", "import", str(job_dir), "--job", "hm"]) == 0
+    assert cli.main(["flink", "import", str(job_dir), "--job", "hm", "--manage", "retention"]) == 0
     new = time.time()
     for chk, mtime in (("chk-8", OLD), ("chk-10", new), ("chk-11", new)):
         os.utime(job_dir / chk / "_metadata", (mtime, mtime))

@@ -33,6 +33,15 @@ its three steps in this order):
    no snapshot references and that are older than `orphan_older_than` (files of a checkpoint in
    flight are never touched).
 
+Expire and orphan cleanup delete only where the job's **management policy** allows it (see
+`statectl jobs`): `retention` lets expire delete, `orphans` lets orphan cleanup delete. A job
+imported from Apache Flink is read-only until `statectl jobs set-policy JOB --manage ...` (or
+`statectl flink import ... --manage ...`) says otherwise; a Statekeeper job allows both. A step
+the policy does not allow is skipped, not failed, and so is orphan cleanup of a Flink job imported
+from savepoint directories only (it has no checkpoint directory to clean). **list_jobs** logs
+every skip with its reason and pushes them as the XCom `plan`; each skipped task says why.
+Every path a run deletes is in its report (`stats.deleted`) and on the plugin's runs page.
+
 Expire and orphan cleanup hold the job's file lease while they delete; a run of either that
 finds the lease held fails and is retried. Every run is recorded in the catalog with this
 DAG's id and run id; a retry reuses the run's id, so a succeeded step is not done twice.
@@ -107,9 +116,29 @@ def statekeeper_maintenance() -> None:
     @task
     def list_jobs() -> list[str]:
         from state_engine.catalog import Catalog
+        from state_engine.flink.retention import scheduled_skips
+        from state_engine.maintenance.plan import maintenance_plan
 
         with Catalog.from_settings() as catalog:
-            return [job.name for job in catalog.list_jobs()]
+            plan = maintenance_plan(catalog, scheduled_skips)
+        for name in plan["jobs"]:
+            log.info("%s: management policy %s", name, plan["policies"][name])
+        for skip in plan["skipped"]:
+            log.info("%s: %s skipped: %s", skip["job"], skip["step"], skip["reason"])
+        get_current_context()["ti"].xcom_push(key="plan", value=plan)
+        names: list[str] = plan["jobs"]
+        return names
+
+    def skip_unless_allowed(job: str, step: str) -> None:
+        """Skip (not fail) a step the job's policy or its directories leave nothing to do in."""
+        from state_engine.catalog import Catalog
+        from state_engine.flink.retention import scheduled_skips
+        from state_engine.maintenance.plan import step_skip
+
+        with Catalog.from_settings() as catalog:
+            reason = step_skip(catalog, catalog.get_job(job), step, scheduled_skips)
+        if reason is not None:
+            raise AirflowSkipException(f"{job}: {step} skipped: {reason}")
 
     @task_group(group_id="maintain")
     def maintain(job: str) -> None:
@@ -137,6 +166,7 @@ def statekeeper_maintenance() -> None:
         @task(trigger_rule=TriggerRule.NONE_FAILED)
         def expire(job: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
             params = params or {}
+            skip_unless_allowed(job, "expire")
             return run_maintenance(
                 "expire",
                 job,
@@ -152,6 +182,7 @@ def statekeeper_maintenance() -> None:
         @task(trigger_rule=TriggerRule.NONE_FAILED)
         def orphan_cleanup(job: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
             params = params or {}
+            skip_unless_allowed(job, "orphan_cleanup")
             return run_maintenance(
                 "orphan_cleanup",
                 job,

@@ -178,5 +178,6 @@ def job_out(job: JobRecord, latest: SnapshotRecord | None) -> JobOut:
         location=job.location,
         properties=job.properties,
         created_at=job.created_at,
+        manage=job.manage,
         latest_snapshot=None if latest is None else SnapshotOut.model_validate(latest),
     )

@@ -51,7 +51,7 @@ def sync_job(job: Mapping[str, Any]) -> dict[str, Any]:
     )
     try:
         with Catalog.from_settings() as catalog:
-            report = import_flink(catalog, paths, job["name"])
+            report = import_flink(catalog, paths, job["name"], manage=job.get("manage"))
     except (ConfigurationError, NotFound, FlinkError) as exc:
         raise AirflowFailException(f"Flink job {job['name']!r}: {exc}") from exc
     log.info("%s", report.render())

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Annotated, Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse
@@ -233,6 +234,27 @@ def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
     ]
 
 
+def policy_line(job: JobRecord) -> str:
+    """What Statekeeper may delete in the job's directories, and how to change it."""
+    from state_engine.maintenance.scope import grant_command
+
+    if not job.manage:
+        return (
+            "read-only: Statekeeper deletes nothing in this job's directories (allow it with "
+            f"<code>{escape(grant_command(job, 'orphans'))}</code>, or "
+            "<code>--manage retention,orphans</code>)"
+        )
+    what = {
+        "retention": "expire deletes old checkpoints",
+        "orphans": "orphan cleanup deletes unreferenced files",
+    }
+    return (
+        f"manages {escape(', '.join(job.manage))}: "
+        + escape("; ".join(what[a] for a in job.manage if a in what))
+        + " in its directories"
+    )
+
+
 @router.get("/jobs/{job:path}", response_class=HTMLResponse)
 def job_page(
     job: str, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
@@ -259,6 +281,8 @@ def job_page(
     runs_href = f"{root}runs?{urlencode({'job': record.name})}"
     facts = (
         '<dl class="facts">'
+        f"<dt>Origin</dt><dd>{escape(record.origin)}</dd>"
+        f'<dt>Management policy</dt><dd class="policy">{policy_line(record)}</dd>'
         f"<dt>Max parallelism</dt><dd>{record.max_parallelism}</dd>"
         f"<dt>Location</dt><dd>{escape(record.location or '-')}</dd>"
         f"<dt>Registered</dt><dd>{timestamp(record.created_at)}</dd>"
@@ -437,6 +461,51 @@ def airflow_cell(r: RunRecord, root: str) -> str:
     return f"{run_link}{log_link}<br><small>{escape(r.airflow_run_id)}</small>"
 
 
+@dataclass(frozen=True)
+class Deletion:
+    """What a run deleted, as its report says: ``paths`` are the first of ``count``."""
+
+    count: int
+    bytes: int
+    paths: list[str]
+
+
+def deletion_of(r: RunRecord) -> Deletion | None:
+    """The files run ``r`` deleted, from its recorded report; None when it deleted none."""
+    report = (r.stats or {}).get("stats")
+    if not isinstance(report, dict) or report.get("dry_run"):
+        return None
+    listed = report.get("deleted")
+    listed = listed if isinstance(listed, dict) else {}
+    count = report.get("files_deleted", listed.get("count"))
+    if not isinstance(count, int) or count <= 0:
+        return None
+    nbytes = report.get("bytes_deleted", listed.get("bytes"))
+    items = listed.get("items")
+    return Deletion(
+        count,
+        nbytes if isinstance(nbytes, int) else 0,
+        [str(p) for p in items] if isinstance(items, list) else [],
+    )
+
+
+def run_href(root: str, run_id: str) -> str:
+    return f"{root}runs/{quote(run_id, safe='')}"
+
+
+def bytes_cell(r: RunRecord, root: str) -> str:
+    """Bytes in and out; for a run that deleted files, what it deleted (a deletion writes no
+    bytes: "0 B" out would hide it), its paths behind a link."""
+    gone = deletion_of(r)
+    if gone is None:
+        return flow(r.bytes_in, r.bytes_out, as_bytes=True)
+    return (
+        f'<td class="num deleted" title="in {r.bytes_in if r.bytes_in is not None else "-"}">'
+        f"{link(run_href(root, r.run_id), f'{gone.count:,} deleted')}<br>"
+        f"<small>{escape(human_bytes(gone.bytes))}</small></td>"
+    )
+
+
 def run_rows(runs: list[RunRecord], root: str = "") -> list[str]:
     # nine columns, secondary figures on a second line: the table fits a 1024 px window
     rows = []
@@ -452,7 +521,7 @@ def run_rows(runs: list[RunRecord], root: str = "") -> list[str]:
             f'<td class="wrap">{link(job_href("", r.job), r.job) if r.job else "-"}</td>'
             f"<td>{status_badge(r.status)}<br><small>{escape(human_duration(seconds))}</small></td>"
             f"<td>{timestamp(r.started_at, short=True)}</td>"
-            f"{flow(r.rows_in, r.rows_out)}{flow(r.bytes_in, r.bytes_out, as_bytes=True)}"
+            f"{flow(r.rows_in, r.rows_out)}{bytes_cell(r, root)}"
             f'<td class="num">{snapshots}</td><td class="wrap">{airflow_cell(r, root)}</td>'
             f'<td class="error-text">{escape(r.error or "")}</td></tr>'
         )
@@ -497,7 +566,7 @@ def runs_page(
         ("Status, duration", False),
         ("Started", False),
         ("Rows in → out", True),
-        ("Bytes in → out", True),
+        ("Bytes in → out, deleted", True),
         ("Snapshots", True),
         ("Airflow DAG / run", False),
         ("Error", False),
@@ -512,3 +581,52 @@ def runs_page(
         + pager(window(runs, limit), {"job": job, "kind": kind, "status": status}, noun="runs")
     )
     return page("Statekeeper: maintenance runs", body)
+
+
+@router.get("/runs/{run_id:path}", response_class=HTMLResponse)
+def run_page(run_id: str, catalog: CatalogDep) -> HTMLResponse:
+    """One maintenance run: what it worked on, and every path it deleted."""
+    root = "../"
+    r = catalog.get_run(run_id)
+    seconds = None if r.finished_at is None else (r.finished_at - r.started_at).total_seconds()
+    job = link(job_href(root, r.job), r.job) if r.job else "-"
+    facts = (
+        '<dl class="facts">'
+        f"<dt>Kind</dt><dd>{escape(r.kind)}</dd>"
+        f"<dt>Job</dt><dd>{job}</dd>"
+        f"<dt>Status</dt><dd>{status_badge(r.status)} "
+        f"after {escape(human_duration(seconds))}</dd>"
+        f"<dt>Started</dt><dd>{timestamp(r.started_at)}</dd>"
+        f"<dt>Attempts</dt><dd>{r.attempts}</dd>"
+        f"<dt>Airflow DAG / run</dt><dd>{airflow_cell(r, root)}</dd>"
+        + (f"<dt>Error</dt><dd>{escape(r.error)}</dd>" if r.error else "")
+        + "</dl>"
+    )
+    gone = deletion_of(r)
+    if gone is None:
+        deleted = '<p class="none">This run deleted no files.</p>'
+    else:
+        more = (
+            ""
+            if len(gone.paths) >= gone.count
+            else f" (the report lists the first {len(gone.paths):,})"
+        )
+        deleted = (
+            f'<p class="sub" id="deleted-summary">{gone.count:,} '
+            f"file{'s' if gone.count != 1 else ''} deleted, "
+            f"{escape(human_bytes(gone.bytes))}{more}.</p>"
+            + table(
+                [("Path", False)],
+                [f'<tr><td class="path">{escape(p)}</td></tr>' for p in gone.paths],
+                empty="The report lists no paths.",
+            )
+        )
+    report = escape(json.dumps(r.stats or {}, indent=2, sort_keys=True, default=str))
+    body = (
+        f"<h1>Maintenance run {escape(r.kind)}{' of ' + escape(r.job) if r.job else ''}</h1>"
+        f'<p class="sub">{escape(r.run_id)} &middot; {link(f"{root}runs", "all runs")}</p>'
+        f"{facts}<h2>Deleted files</h2>{deleted}"
+        f"<h2>Report</h2><details><summary>The run's report (JSON)</summary>"
+        f"<pre>{report}</pre></details>"
+    )
+    return page(f"Statekeeper: run {r.run_id}", body, root=root)

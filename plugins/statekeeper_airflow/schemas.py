@@ -60,6 +60,8 @@ class JobOut(Record):
     location: str | None
     properties: dict[str, Any]
     created_at: datetime
+    #: what Statekeeper may delete in the job's directories (retention, orphans); empty: read-only
+    manage: tuple[str, ...] = ()
     latest_snapshot: SnapshotOut | None = None
 
 

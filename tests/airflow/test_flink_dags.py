@@ -145,6 +145,8 @@ def test_maintenance_dag_expires_and_cleans_a_flink_job_without_spark(
     dag_of: Callable[[str], Any], flink_env: dict[str, Path]
 ) -> None:
     assert dag_of("statekeeper_flink_sync").test().state == "success"
+    with catalog() as cat:  # imported read-only: the user lets Statekeeper delete
+        cat.set_job_policy("payments", ["retention", "orphans"])
     orphan = flink_env["job_dir"] / "shared" / "lost-sst"
     orphan.write_bytes(b"x")
     os.utime(orphan, (OLD, OLD))
@@ -208,6 +210,10 @@ def test_plugin_pages_show_an_imported_flink_job(
         assert agg11["bytes"] == 727_011  # the two keyed-state files of chk-11 (README)
         job_page = client.get("/jobs/payments", headers=auth)
         assert job_page.status_code == 200 and "payments" in job_page.text
+        # imported, so read-only until the user says otherwise; the page says how
+        assert "read-only: Statekeeper deletes nothing" in job_page.text
+        assert "statectl jobs set-policy payments --manage orphans" in job_page.text
+        assert client.get("/api/jobs/payments", headers=auth).json()["manage"] == []
         page = client.get(f"/snapshots/{chk11.id}", headers=auth)
         assert page.status_code == 200
         assert "Operator agg" in page.text and "128 recorded" in page.text

@@ -369,3 +369,45 @@ def test_native_figures_are_estimates_and_the_chart_separates_formats(
     canonical = logged_in.get(f"/api/snapshots/{ids[2]}", headers=auth).json()
     assert canonical["snapshot"]["entries_estimated"] is False
     assert canonical["skew"][0]["estimated"] is False
+
+
+def test_job_page_states_the_jobs_management_policy(logged_in: TestClient, seeded: Seeded) -> None:
+    html = logged_in.get("/jobs/orders").text
+    policy = re.search(r'<dd class="policy">(.*?)</dd>', html)
+    assert policy is not None and policy.group(1).startswith("manages retention, orphans: ")
+    with Catalog.open(seeded.url) as cat:
+        cat.set_job_policy("orders", [])
+    html = logged_in.get("/jobs/orders").text
+    assert "read-only: Statekeeper deletes nothing in this job's directories" in html
+    assert "<code>statectl jobs set-policy orders --manage orphans</code>" in html
+
+
+def test_a_run_that_deleted_files_shows_what_it_deleted_and_lists_the_paths(
+    logged_in: TestClient, seeded: Seeded
+) -> None:
+    paths = ["file:///ckpt/orders/chk-1/op-0.parquet", "file:///ckpt/orders/a <b>.sst"]
+    report = {
+        "files_deleted": 2,
+        "bytes_deleted": 3000,
+        "deleted": {"count": 2, "items": paths, "truncated": False},
+    }
+    with Catalog.open(seeded.url) as cat:
+        cat.start_run("expire/7", "expire", job="orders")
+        cat.finish_run("expire/7", stats={"stats": report}, bytes_in=3000, bytes_out=0)
+    html = logged_in.get("/runs").text
+    self_contained(html)
+    assert "runs/expire%2F7" in parse(html).hrefs
+    assert ">2 deleted</a><br><small>2.9 KiB</small>" in html
+    assert "&rarr; <span>0 B</span>" not in html  # a deletion is not "0 B out"
+
+    run = logged_in.get("/runs/expire%2F7")
+    assert run.status_code == 200
+    self_contained(run.text)
+    assert "2 files deleted, 2.9 KiB." in run.text
+    for path in paths:
+        assert f'<td class="path">{path.replace("<", "&lt;").replace(">", "&gt;")}</td>' in run.text
+    assert "../jobs/orders" in parse(run.text).hrefs and "../runs" in parse(run.text).hrefs
+    # a run that deleted nothing says so; an unknown run is the readable 404
+    assert "This run deleted no files." in logged_in.get("/runs/compaction-1").text
+    missing = logged_in.get("/runs/nope")
+    assert missing.status_code == 404 and "nope" in missing.text

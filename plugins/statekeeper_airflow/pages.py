@@ -566,7 +566,7 @@ def runs_page(
         ("Status, duration", False),
         ("Started", False),
         ("Rows in → out", True),
-        ("Bytes in → out, deleted", True),
+        ("Bytes in → out", True),
         ("Snapshots", True),
         ("Airflow DAG / run", False),
         ("Error", False),

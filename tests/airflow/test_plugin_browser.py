@@ -47,6 +47,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.spark]
 
 CHART_BLUE = (9, 103, 210)  # charts.COLORS[0], the "total" line and its points
 SNAPSHOTS = 8
+DELETED = ["file:///ckpt/orders/chk-99/lost.parquet", "file:///ckpt/orders/shared/old-base.sst"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,23 @@ def browser_catalog(
                 + "very-long-file-name-without-breaks-"
                 * 4,
             )
+        # an orphan cleanup that deleted files (its report lists them), and a Flink job imported
+        # read-only (catalog rows only)
+        cat.start_run(
+            "airflow-orphan_cleanup-orders-5",
+            "orphan_cleanup",
+            job="orders",
+            dag_id="statekeeper_maintenance",
+            airflow_run_id="scheduled__2026-11-24T04:00:00+00:00",
+        )
+        cat.finish_run(
+            "airflow-orphan_cleanup-orders-5",
+            stats={"stats": {"files_deleted": 2, "bytes_deleted": 4096, "deleted": {
+                "count": 2, "items": DELETED, "truncated": False}}},
+            bytes_in=4096,
+            bytes_out=0,
+        )  # fmt: skip
+        cat.register_job("audit", max_parallelism=128, origin="flink")
     with Catalog.open(url) as cat:
         make_snapshot(cat, CheckpointStorage(checkpoint_root), job="clicks", keys=40)
     return url
@@ -291,6 +309,46 @@ def test_the_job_page_renders_its_size_chart_in_chromium(
     assert float(snapshot_dom["skew"]) > 10
     shot = sk_png.decode(snapshot_png).rgb()
     assert (shot == np.array(CHART_BLUE, dtype=np.uint8)).all(axis=2).sum() > 500
+
+
+def test_the_job_page_states_its_policy_and_a_run_lists_the_files_it_deleted(
+    chromium_binary: str, api_server: Server, tmp_path: Path
+) -> None:
+    """A read-only Flink job's page says so and how to grant deletion; the runs page shows what
+    an orphan cleanup deleted, and its link opens the run's page listing every path."""
+    policy = "JSON.stringify(document.querySelector('dd.policy').textContent)"
+    with chromium(chromium_binary, tmp_path / "profile") as page:
+        log_in(page, api_server)
+        page.navigate(f"{api_server.url}/statekeeper/jobs/audit")
+        audit = json.loads(page.evaluate(policy))
+        page.navigate(f"{api_server.url}/statekeeper/jobs/orders")
+        orders = json.loads(page.evaluate(policy))
+        page.navigate(f"{api_server.url}/statekeeper/runs?kind=orphan_cleanup")
+        cell = json.loads(
+            page.evaluate("JSON.stringify(document.querySelector('td.deleted').innerText)")
+        )
+        page.events.clear()
+        page.evaluate("document.querySelector('td.deleted a').click()")
+        page.wait_for("Page.loadEventFired")
+        run = json.loads(
+            page.evaluate(
+                """JSON.stringify({
+                    path: location.pathname,
+                    summary: document.getElementById("deleted-summary").textContent,
+                    paths: [...document.querySelectorAll("td.path")].map(td => td.textContent),
+                })"""
+            )
+        )
+        (tmp_path / "run-page.png").write_bytes(
+            base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"])
+        )
+    assert audit.startswith("read-only: Statekeeper deletes nothing"), tail(api_server.log)
+    assert "statectl jobs set-policy audit --manage orphans" in audit
+    assert orders.startswith("manages retention, orphans")
+    assert cell.split() == ["2", "deleted", "4.0", "KiB"]
+    assert run["path"] == "/statekeeper/runs/airflow-orphan_cleanup-orders-5"
+    assert run["summary"] == "2 files deleted, 4.0 KiB."
+    assert run["paths"] == DELETED
 
 
 PAGES = ("/statekeeper/", "/statekeeper/jobs/orders", f"/statekeeper/snapshots/{SNAPSHOTS}",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Annotated, Any
@@ -28,6 +27,7 @@ from state_engine.catalog import (
     SnapshotRecord,
 )
 from state_engine.formatting import ESTIMATE_NOTE, estimate_text, is_estimated
+from state_engine.maintenance.scope import deleted_by
 from state_engine.snapshot_enums import SnapshotKind, SnapshotStatus
 from statekeeper_airflow.actions import (
     dag_href,
@@ -461,34 +461,6 @@ def airflow_cell(r: RunRecord, root: str) -> str:
     return f"{run_link}{log_link}<br><small>{escape(r.airflow_run_id)}</small>"
 
 
-@dataclass(frozen=True)
-class Deletion:
-    """What a run deleted, as its report says: ``paths`` are the first of ``count``."""
-
-    count: int
-    bytes: int
-    paths: list[str]
-
-
-def deletion_of(r: RunRecord) -> Deletion | None:
-    """The files run ``r`` deleted, from its recorded report; None when it deleted none."""
-    report = (r.stats or {}).get("stats")
-    if not isinstance(report, dict) or report.get("dry_run"):
-        return None
-    listed = report.get("deleted")
-    listed = listed if isinstance(listed, dict) else {}
-    count = report.get("files_deleted", listed.get("count"))
-    if not isinstance(count, int) or count <= 0:
-        return None
-    nbytes = report.get("bytes_deleted", listed.get("bytes"))
-    items = listed.get("items")
-    return Deletion(
-        count,
-        nbytes if isinstance(nbytes, int) else 0,
-        [str(p) for p in items] if isinstance(items, list) else [],
-    )
-
-
 def run_href(root: str, run_id: str) -> str:
     return f"{root}runs/{quote(run_id, safe='')}"
 
@@ -496,7 +468,7 @@ def run_href(root: str, run_id: str) -> str:
 def bytes_cell(r: RunRecord, root: str) -> str:
     """Bytes in and out; for a run that deleted files, what it deleted (a deletion writes no
     bytes: "0 B" out would hide it), its paths behind a link."""
-    gone = deletion_of(r)
+    gone = deleted_by(r.stats)
     if gone is None:
         return flow(r.bytes_in, r.bytes_out, as_bytes=True)
     return (
@@ -602,7 +574,7 @@ def run_page(run_id: str, catalog: CatalogDep) -> HTMLResponse:
         + (f"<dt>Error</dt><dd>{escape(r.error)}</dd>" if r.error else "")
         + "</dl>"
     )
-    gone = deletion_of(r)
+    gone = deleted_by(r.stats)
     if gone is None:
         deleted = '<p class="none">This run deleted no files.</p>'
     else:

@@ -146,11 +146,22 @@ def cmd_files(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     with open_catalog() as catalog:
         runs = catalog.list_runs(job=args.job, kind=args.kind, limit=args.limit)
+    if args.json:
+        print_json([dataclasses.asdict(r) for r in runs])
+        return 0
+    from state_engine.formatting import human_bytes
+    from state_engine.maintenance.scope import deleted_by
+
     columns = [
         "run_id", "kind", "job", "status", "attempts", "started_at", "finished_at", "rows_out",
-        "bytes_out", "error",
+        "bytes_out", "deleted", "error",
     ]  # fmt: skip
-    print_records(args, runs, columns)
+    rows = []
+    for r in runs:
+        gone = deleted_by(r.stats)  # a deletion writes nothing: bytes_out alone would say 0 B
+        deleted = None if gone is None else f"{gone.count} ({human_bytes(gone.bytes)})"
+        rows.append([deleted if c == "deleted" else getattr(r, c) for c in columns])
+    print(format_table(columns, rows, sizes=BYTE_COLUMNS))
     return 0
 
 

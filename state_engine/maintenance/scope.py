@@ -9,6 +9,7 @@ Statekeeper deletes in Flink directories).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from state_engine.catalog import Catalog, JobRecord
@@ -78,3 +79,32 @@ def check_allowed(catalog: Catalog, kind: str, params: Mapping[str, Any]) -> Non
     reason = refusal(record, kind)
     if reason is not None:
         raise JobReadOnly(reason)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """What a run deleted, as its report says: ``paths`` are the first of ``count``."""
+
+    count: int
+    bytes: int
+    paths: list[str]
+
+
+def deleted_by(recorded: Mapping[str, Any] | None) -> Deletion | None:
+    """The files a run deleted, from its recorded report (a run record's ``stats``); None when
+    it deleted none (a dry run deletes none)."""
+    report = (recorded or {}).get("stats")
+    if not isinstance(report, dict) or report.get("dry_run"):
+        return None
+    listed = report.get("deleted")
+    listed = listed if isinstance(listed, dict) else {}
+    count = report.get("files_deleted", listed.get("count"))
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+        return None
+    nbytes = report.get("bytes_deleted", listed.get("bytes"))
+    items = listed.get("items")
+    return Deletion(
+        count,
+        nbytes if isinstance(nbytes, int) else 0,
+        [str(p) for p in items] if isinstance(items, list) else [],
+    )

@@ -86,6 +86,10 @@ def test_a_deleting_command_on_a_read_only_flink_job_refuses_and_deletes_nothing
     assert code == 0 and report["deleted"]["items"] == [orphan.as_uri()]
     assert report["deleted"]["bytes"] == len(b"left behind") == report["stats"]["bytes_deleted"]
     assert not orphan.exists()
+    code, out, _ = statectl("runs", "--job", "hm")
+    header, _, *rows = out.splitlines()
+    assert "deleted" in header.split()
+    assert sum("1 (11 B)" in row for row in rows) == 1  # said as deleted, not "bytes_out 0 B"
     code, _, err = statectl("maintain", "expire", "--job", "hm", "--retain-last", "1")
     assert code == 1
     assert "lets Statekeeper manage orphans only, not retention" in err

@@ -2,8 +2,10 @@
 
 ``expire`` needs the action ``retention`` and ``orphan_cleanup`` the action ``orphans``; the
 other jobs (compaction, TTL cleanup, savepoint, rescale) write new snapshots and need none. A dry
-run deletes nothing and is always allowed. The rules in full are in the docs (operations: what
-Statekeeper deletes in Flink directories).
+run deletes nothing and is always allowed. The policy is checked where a run is asked for
+(statectl, the Airflow operator, the maintenance DAG's plan), before any run is recorded; the job
+bodies themselves do not ask. The rules in full are in the docs (operations: what Statekeeper
+deletes in Flink directories).
 """
 
 from __future__ import annotations

@@ -247,3 +247,24 @@ def test_the_rescale_dag_fails_at_once_without_retry_or_spark(
         "statekeeper_rescale",
         dagrun.run_id,
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "action"), [("expire", "retention"), ("orphan_cleanup", "orphans")]
+)
+def test_a_deletion_the_jobs_policy_does_not_allow_fails_the_task_and_records_no_run(
+    cat_env: dict[str, Any], no_spark: list[str], kind: str, action: str
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from statekeeper_airflow.operators import run_maintenance
+
+    with Catalog.open(cat_env["url"]) as cat:
+        cat.set_job_policy("payments", [])
+    params = {"retain_last": 1} if kind == "expire" else {"older_than": "1d"}
+    grant = f"`statectl jobs set-policy payments --manage {action}`"
+    with pytest.raises(AirflowFailException, match="read-only for Statekeeper") as refused:
+        run_maintenance(kind, "payments", params, context(), emit=False)
+    assert grant in str(refused.value)
+    assert no_spark == []
+    with Catalog.open(cat_env["url"]) as cat:
+        assert cat.list_runs(job="payments") == []

@@ -25,10 +25,10 @@ completed snapshot of `job` restorable at `parallelism`:
   savepoint (no key is deserialized).
 
 Operator state is redistributed (SPLIT lists evenly, UNION lists whole, BROADCAST copied).
-The run is recorded in the catalog with this DAG's id and run id; the new snapshot is an asset
-event on `statekeeper://<job>/snapshots`. The form refuses a parallelism outside 1..32768; a
+The run is recorded in the catalog with this DAG's id, run id and task id; the new snapshot is an
+asset event on `statekeeper://<job>/snapshots`. The form refuses a parallelism outside 1..32768; a
 parallelism above the (new) max parallelism, or a job or snapshot the catalog does not know,
-fails the task at once with the reason, recorded FAILED in the catalog.
+fails the task at once with the reason (an argument error: not recorded as a run).
 Spark runs in-process (`local[*]`) unless the `spark_default` connection names a cluster.
 
 **Params**

@@ -34,9 +34,9 @@ Before any Spark session starts or spark-submit runs, the inputs are checked aga
 and in a format the job reads, the parallelism fits the max parallelism, a savepoint directory is
 inside the job's roots or ``STATEKEEPER_ALLOWED_SAVEPOINT_DIRS``) and the input snapshot is
 pinned: a retry reads what the first try read. Errors that a retry cannot fix (those, a bad
-setting) fail the task at once (``AirflowFailException``) with the job's message and are recorded
-as a FAILED run of the job; others (a lease held by another deleting run, Spark or storage
-failures) fail it for Airflow's retries.
+setting) fail the task at once (``AirflowFailException``) with the job's message; those the job's
+state caused are recorded as a FAILED run of the job, argument errors not at all; others (a lease
+held by another deleting run, Spark or storage failures) fail it for Airflow's retries.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def run_maintenance(
 
 def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
     """The run's params checked against the catalog (and its input pinned) before any Spark
-    starts; a refusal is recorded as a FAILED run of the job and raised."""
+    starts; a refusal is raised (and recorded as a FAILED run unless it is an argument error)."""
     from state_engine.catalog import Catalog
     from state_engine.config import Settings
     from state_engine.maintenance.preflight import check_before_spark as check

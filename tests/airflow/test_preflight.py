@@ -243,7 +243,7 @@ def test_the_rescale_dag_fails_at_once_without_retry_or_spark(
 
     bag = DagBag(dag_folder=str(DAGS / "statekeeper_rescale.py"))
     dagrun = bag.dags["statekeeper_rescale"].test(
-        run_conf={"job": "orders", "parallelism": 300, "source_snapshot": cat_env["canonical"]}
+        run_conf={"job": "orders", "parallelism": 3}  # its latest snapshot is NATIVE
     )
 
     assert dagrun.state == "failed"
@@ -252,8 +252,9 @@ def test_the_rescale_dag_fails_at_once_without_retry_or_spark(
     assert no_spark == []
     with Catalog.open(cat_env["url"]) as cat:
         [run] = cat.list_runs(job="orders", kind="rescale")
-    assert (run.status, run.dag_id, run.airflow_run_id) == (
+    assert (run.status, run.dag_id, run.airflow_run_id, run.task_id) == (
         "FAILED",
         "statekeeper_rescale",
         dagrun.run_id,
+        "rescale",
     )

@@ -168,9 +168,7 @@ def test_savepoints_go_only_when_named(catalog, storage, tmp_path):
         ({"job": JOB, "savepoints": ["nope"]}, NoSuchSnapshot, "no savepoint 'nope'"),
     ],
 )
-def test_bad_input_deletes_nothing_and_records_no_run(
-    catalog, storage, job4, params, error, match
-):
+def test_bad_input_deletes_nothing_and_records_no_run(catalog, storage, job4, params, error, match):
     _, records, _ = job4
     before = files_under(storage)
     with pytest.raises(error, match=match):

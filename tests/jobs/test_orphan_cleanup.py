@@ -150,9 +150,7 @@ def test_a_held_lease_refuses_without_waiting_and_deletes_nothing(catalog, stora
         ({"job": JOB, "wait": "forever"}, InvalidJobParams, "not a duration"),
     ],
 )
-def test_bad_input_deletes_nothing_and_records_no_run(
-    catalog, storage, job2, params, error, match
-):
+def test_bad_input_deletes_nothing_and_records_no_run(catalog, storage, job2, params, error, match):
     plant_orphans(storage)
     before = files_under(storage)
     with pytest.raises(error, match=match):

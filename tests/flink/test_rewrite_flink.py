@@ -327,7 +327,8 @@ def test_dropped_state_and_changed_uid_restore_with_allow_non_restored_state(
         if uid == "agg-str":
             row["merchants"] = {}
     expected = {
-        (("agg-long-v2" if uid == "agg-long" else uid), k): row for (uid, k), row in expected.items()
+        (("agg-long-v2" if uid == "agg-long" else uid), k): row
+        for (uid, k), row in expected.items()
     }
     timers = {
         ("agg-long-v2" if uid == "agg-long" else uid, k, ts)

@@ -4,11 +4,13 @@ refusal that depends on the snapshot names what was wrong and writes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,13 +27,12 @@ from state_engine.flink.rewrite import (
 from state_engine.flink.rewrite.ids import operator_id_of_uid
 from state_engine.flink.rewrite.keys import binary_row_hash, key_hasher
 from state_engine.flink.rewrite.records import SCHEMA
+from state_engine.flink.rewrite.source import header_bytes
 from state_engine.flink.serializers import Buf, RowSerializer, _Scalar
 from state_engine.flink.snapshot_state import snapshot_entries
 from state_engine.hashing import java_string_hash, murmur_hash
-from state_engine.keygroups import assign_to_key_group
+from state_engine.keygroups import KeyGroupRange, assign_to_key_group
 from tests.flink.conftest import FlinkFixtures
-
-import pyarrow as pa
 
 
 def _entries(meta: FlinkSnapshotMetadata) -> dict[tuple[Any, ...], Any]:
@@ -64,13 +65,15 @@ def test_every_fixture_snapshot_rescaled_reads_back_equal_at_its_new_key_groups(
     for _, _, e in snapshot_entries(out):
         assert e.key_group == assign_to_key_group(e.key, 300)
     agg = out.operator("agg")
-    assert [st.key_groups for st in agg.subtasks] == [(0, 99), (100, 199), (200, 299)] or [
-        (st.key_groups.start, st.key_groups.end) for st in agg.subtasks
-    ] == [(0, 99), (100, 199), (200, 299)]
+    assert [st.key_groups for st in agg.subtasks] == [
+        KeyGroupRange(0, 99),
+        KeyGroupRange(100, 199),
+        KeyGroupRange(200, 299),
+    ]
     # self-contained: every handle relative, inside the new directory
     for ref in out.file_references():
         assert ref.handle.type == "relative"
-        assert Path(ref.handle.location).parent == tmp_path / "o"
+        assert Path(str(ref.handle.location)).parent == tmp_path / "o"
 
 
 def test_operator_ids_follow_uids_as_flink_derives_them() -> None:
@@ -246,12 +249,34 @@ def test_refusals_name_what_was_wrong(
 
 
 def test_a_key_type_without_a_reproducible_hash_is_refused_naming_its_serializer(
-    flink_120: Path, tmp_path: Path
+    canonical: FlinkSnapshotMetadata, tmp_path: Path
 ) -> None:
-    # PyFlink keys are Row(String) (hashable), but their MapState user keys are byte[]; the
-    # key serializer here is checked by building one that cannot be hashed
-    bad = _Scalar("org.example.PojoSerializer", None, "bytes")
-    assert key_hasher(bad) is None
+    # a savepoint whose keys are byte[] (hashCode is identity): the fixture's operator written
+    # by the writer with that key serializer snapshot in its header
+    plan = plan_rewrite(canonical, RewriteOptions(max_parallelism=200))
+    agg = next(i for i, op in enumerate(canonical.operators) if op.uid == "agg")
+    name = (
+        "org.apache.flink.api.common.typeutils.base.array."
+        "BytePrimitiveArraySerializer$BytePrimitiveArraySerializerSnapshot"
+    )
+    byte_keys = struct.pack(">iH", 2, len(name)) + name.encode() + struct.pack(">i", 3)
+    pieces = dataclasses.replace(
+        header_bytes(plan.operators[agg].header, "header"), key_serializer=byte_keys
+    )
+    header = pieces.build([name for name, _ in pieces.states])
+    ops = list(plan.operators)
+    ops[agg] = dataclasses.replace(ops[agg], header=header)
+    plan = dataclasses.replace(plan, operators=tuple(ops))
+    out = tmp_path / "bytes"
+    parts = [write_part(plan, i, [], None, str(out)) for i in range(len(plan.outputs))]
+    write_metadata(plan, parts, None, str(out))
+    meta = read_metadata(str(out))
+    with pytest.raises(RewriteRefused) as info:
+        plan_rewrite(meta, RewriteOptions(max_parallelism=300))
+    assert "BytePrimitiveArraySerializer" in str(info.value)
+    assert "keep the max parallelism" in str(info.value)
+    # at the same max parallelism the keys stay where they are: no hash needed
+    assert plan_rewrite(meta, RewriteOptions(ttl={"lastSeen": 1}, at=0)).needs_rewrite
 
 
 def test_a_parallelism_only_change_of_a_canonical_savepoint_needs_no_rewrite(

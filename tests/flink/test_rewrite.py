@@ -299,3 +299,31 @@ def test_ttl_cleanup_drops_entries_at_or_past_their_expiry(
     want = {k: v for k, v in before.items() if k[1] != "lastSeen" or v[1] + 10 > at}
     assert after == want
     assert len(want) < len(before)
+
+
+SNAPPY = Path(__file__).parent / "data" / "pyflink-snappy"
+
+
+@pytest.mark.parametrize(
+    "sub", ["java/rocksdb", "java/hashmap", "pyflink/rocksdb", "pyflink/hashmap"]
+)
+def test_flink_1_20_snapshots_rewrite_in_version_4_and_read_back_equal(
+    flink_120: Path, tmp_path: Path, sub: str
+) -> None:
+    sources = sorted(p.parent for p in (flink_120 / sub).rglob("_metadata"))
+    assert sources
+    for i, src in enumerate(sources):
+        meta = read_metadata(str(src))
+        out = tmp_path / f"o{i}"
+        rewrite_local(meta, RewriteOptions(max_parallelism=200), None, str(out))
+        back = read_metadata(str(out))
+        assert (back.version, back.format) == (4, "canonical")
+        assert _entries(back) == _entries(meta), src
+
+
+def test_compressed_snapshots_are_written_uncompressed_and_read_back_equal(tmp_path: Path) -> None:
+    for i, src in enumerate(sorted(p.parent for p in SNAPPY.rglob("_metadata"))):
+        meta = read_metadata(str(src))
+        out = tmp_path / f"o{i}"
+        rewrite_local(meta, RewriteOptions(max_parallelism=129), None, str(out))
+        assert _entries(read_metadata(str(out))) == _entries(meta), src

@@ -85,11 +85,13 @@ public class RewriteHarness {
         public Txn() {}
     }
 
-    /** Index i < n: record i; in restore mode n <= i < n + probes: a probe; else nothing. */
+    /** Without probes: record i. With probes (restore mode): the j-th index after the first one
+     *  the restored source emits is the probe of key j (nothing past the last key). */
     public static class Gen implements GeneratorFunction<Long, Txn> {
         final int n, keys;
         final List<String> probes;
         final String marker;
+        transient Long first; // null until the first index (transient: not serialized)
         Gen(int n, int keys, List<String> probes, String marker) {
             this.n = n; this.keys = keys; this.probes = probes; this.marker = marker;
         }
@@ -100,7 +102,7 @@ public class RewriteHarness {
             if (marker != null && (i == n - 1 || i == 2L * n - 1)) {
                 Files.writeString(Paths.get(marker + "-" + i), "x");
             }
-            if (i < n || probes == null) {
+            if (probes == null) {
                 int k = (int) ((mix64(i) >>> 1) % keys);
                 t.card = card(k);
                 t.account = account(k);
@@ -109,19 +111,20 @@ public class RewriteHarness {
                 t.ts = 1000 + i;
                 return t;
             }
-            int j = (int) (i - n);
+            if (first == null) first = i;
+            long j = i - first;
             t.ts = PROBE_TS;
             t.card = "";
             t.account = Long.MIN_VALUE;
             t.merchant = "";
             if (j >= probes.size()) {
                 t.probe = 3;
-            } else if (probes.get(j).startsWith("s:")) {
+            } else if (probes.get((int) j).startsWith("s:")) {
                 t.probe = 1;
-                t.card = probes.get(j).substring(2);
+                t.card = probes.get((int) j).substring(2);
             } else {
                 t.probe = 2;
-                t.account = Long.parseLong(probes.get(j).substring(2));
+                t.account = Long.parseLong(probes.get((int) j).substring(2));
             }
             return t;
         }

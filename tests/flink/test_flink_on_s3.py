@@ -40,7 +40,7 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def test_flink_commands_work_on_s3_directories_as_on_local_ones(
-    s3_env: S3Endpoint,
+    s3_env: S3Endpoint,  # noqa: F811  (the fixture imported above)
     home: Path,
     flink_fixtures: Any,
     capsys: pytest.CaptureFixture[str],
@@ -67,16 +67,12 @@ def test_flink_commands_work_on_s3_directories_as_on_local_ones(
     canonical = next(a for a in imported["added"] if a["format"] == "CANONICAL")
     local_canonical = next(a for a in same["added"] if a["format"] == "CANONICAL")
     rows = _json(capsys, "state", "show", str(canonical["snapshot_id"]), "--limit", "0")
-    local_rows = _json(
-        capsys, "state", "show", str(local_canonical["snapshot_id"]), "--limit", "0"
-    )
+    local_rows = _json(capsys, "state", "show", str(local_canonical["snapshot_id"]), "--limit", "0")
     assert rows == local_rows and len(rows) > 1000
     for added in more["added"]:
         assert _json(capsys, "state", "show", str(added["snapshot_id"]), "--limit", "5")
 
-    converted = _json(
-        capsys, "maintain", "savepoint", "--snapshot", str(canonical["snapshot_id"])
-    )
+    converted = _json(capsys, "maintain", "savepoint", "--snapshot", str(canonical["snapshot_id"]))
     assert converted["output_location"].startswith(f"{remote}/statekeeper/")
     assert converted["rows_out"] > 0
 

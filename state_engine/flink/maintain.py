@@ -212,7 +212,9 @@ def _source(catalog: Catalog, kind: str, params: Mapping[str, Any]) -> SnapshotR
 def output_url(catalog: Catalog, job: str, directory: str, settings: Settings) -> str:
     """The URL a ``--savepoint-dir`` names (a URL, or a path under the job's root)."""
     if not isinstance(directory, str) or not directory.strip():
-        raise InvalidJobParams(f"savepoint_dir {directory!r} is empty; leave it out for the default")
+        raise InvalidJobParams(
+            f"savepoint_dir {directory!r} is empty; leave it out for the default"
+        )
     if "://" in directory or directory.startswith("/"):
         return canonical_url(directory)
     try:

@@ -56,7 +56,7 @@ def _part_files(directory: Path) -> dict[str, bytes]:
     """The keyed-state part files (the copied operator-state files have random names)."""
     meta = read_metadata(str(directory))
     names = {
-        Path(st.managed_keyed_state.delegate.location).name
+        Path(str(st.managed_keyed_state.delegate.location)).name
         for op in meta.operators
         for st in op.subtasks
         if st.managed_keyed_state is not None and st.managed_keyed_state.delegate is not None
@@ -148,7 +148,7 @@ def test_a_failed_rewrite_leaves_no_metadata_and_no_completed_snapshot(
     assert meta is not None
     # a key-group file cut short after its header: the read tasks fail mid-way
     victim = next(
-        Path(st.managed_keyed_state.delegate.location)
+        Path(str(st.managed_keyed_state.delegate.location))  # type: ignore[union-attr]
         for op in meta.operators
         for st in op.subtasks
         if st.managed_keyed_state is not None

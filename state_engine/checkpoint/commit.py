@@ -157,10 +157,12 @@ def reserve(
     parent_id: int | None = None,
     lease: tuple[str, int] | None = None,
     writer: str | None = None,
+    metadata_format: str = "statekeeper",
 ) -> PendingCommit:
     """Take the job's next checkpoint id and its directory; the snapshot is PENDING. With
     ``lease`` (a writer lease's name and fencing token) it begins and completes only while that
-    holds; ``writer`` (the lease's owner) is recorded as the run that began it."""
+    holds; ``writer`` (the lease's owner) is recorded as the run that began it;
+    ``metadata_format``: whose ``_metadata`` it gets ("flink" for a rewritten Flink savepoint)."""
     if savepoint_dir is not None and kind is not SnapshotKind.SAVEPOINT:
         raise InvalidSnapshotRequest(
             f"savepoint_dir {savepoint_dir!r} given for a {kind} of job {job!r}; checkpoints "
@@ -192,6 +194,7 @@ def reserve(
                 trigger=trigger,
                 writer=writer,
                 lease=lease,
+                metadata_format=metadata_format,
             )
         except CommitConflict:
             continue  # another writer took this checkpoint id: take the next

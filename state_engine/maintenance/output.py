@@ -217,6 +217,7 @@ def begin_output(
     max_parallelism: int,
     savepoint_dir: str | None = None,
     parent_id: int | None = None,
+    metadata_format: str = "statekeeper",
 ) -> OutputSnapshot:
     """Reserve the job's next checkpoint id and directory for an output tagged ``tag`` (PENDING);
     the caller commits or aborts it (jobs use :func:`output_snapshot`, which does both).
@@ -240,6 +241,7 @@ def begin_output(
         trigger=tag,
         savepoint_dir=savepoint_dir,
         parent_id=parent_id,
+        metadata_format=metadata_format,
     )
     return OutputSnapshot(pending.record, pending)
 
@@ -257,6 +259,7 @@ def output_snapshot(
     storage: CheckpointStorage | None = None,
     settings: Settings | None = None,
     parent_id: int | None = None,
+    metadata_format: str = "statekeeper",
 ) -> Iterator[OutputSnapshot]:
     """The run's output snapshot (see the module docstring); aborted if the body raises."""
     done = previous_output(catalog, job, tag)
@@ -273,6 +276,7 @@ def output_snapshot(
         max_parallelism=max_parallelism,
         savepoint_dir=savepoint_dir,
         parent_id=parent_id,
+        metadata_format=metadata_format,
     )
     try:
         yield out

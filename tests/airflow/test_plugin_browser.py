@@ -504,7 +504,7 @@ def test_take_savepoint_from_the_job_page_runs_the_dag_and_the_savepoint_appears
     assert landed["path"] == "/dags/statekeeper_savepoint", landed
     assert json.loads(parse_qs(landed["search"].lstrip("?"))["conf"][0]) == {"job": "clicks"}
     # Airflow 3.3.2 does not read the link's conf: the field starts empty, with suggestions
-    assert form == {"value": "", "suggested": ["clicks", "orders"]}
+    assert form == {"value": "", "suggested": ["audit", "clicks", "orders"]}
     assert run["conf"]["job"] == "clicks"
     assert finished["state"] == "success"
     with Catalog.open(api_server.airflow.env["STATEKEEPER_CATALOG_URL"]) as cat:

@@ -657,7 +657,7 @@ def _read_snapshots(
     """Parse every ``_metadata`` before writing anything: a corrupt one fails the import cleanly.
     Records the ``chk-N`` directories without one in ``report.in_flight``."""
     found: list[tuple[Listing, FlinkSnapshotMetadata]] = []
-    ckpt_dirs = [lst.root for lst in listings if lst.role == ROLE_CHECKPOINTS]
+    ckpt_dirs = [_located(lst, lst.root) for lst in listings if lst.role == ROLE_CHECKPOINTS]
     for listing in listings:
         for mpath in listing.metadata_files():
             try:
@@ -665,14 +665,14 @@ def _read_snapshots(
             except FileNotFoundError:
                 continue  # subsumed by a running job since the listing: no longer a snapshot
             job_dir = (
-                listing.root
+                _located(listing, listing.root)
                 if listing.role == ROLE_CHECKPOINTS
                 else (ckpt_dirs[0] if ckpt_dirs else None)
             )
             try:
                 meta = metadata_from_bytes(
                     bytes(data),
-                    mpath,
+                    _located(listing, mpath),
                     job_dir=job_dir,
                     exists=listing.exists,
                     listed=listing.files,
@@ -687,6 +687,13 @@ def _read_snapshots(
                 if is_checkpoint_dir(head) and f"{parent}/{METADATA_FILE}" not in listing.files:
                     report.in_flight.append(listing.to_url(parent))
     return found
+
+
+def _located(listing: Listing, path: str) -> str:
+    """``path`` (on the listing's store) as the handles of a snapshot there are resolved
+    against: a local path as it is, a URL on an object store (its bucket path alone would be
+    read as a local path)."""
+    return path if listing.store.is_local else listing.to_url(path)
 
 
 def _plan(

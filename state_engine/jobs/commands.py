@@ -18,6 +18,8 @@ from state_engine.config import Settings
 from state_engine.snapshot_enums import SnapshotKind
 
 COMMON = ("run_id", "dag_id", "airflow_run_id")
+#: The jobs that, on a Flink job, write a Flink savepoint (state_engine.jobs.flink_rewrite).
+FLINK_REWRITES = ("rescale", "ttl_cleanup", "flink_rewrite")
 _NOT_PARAMS = {
     "handler",
     "command",
@@ -27,7 +29,8 @@ _NOT_PARAMS = {
     "json",
     "task_id",
 }
-_NOT_PARAMS |= {"ttl", "pyflink_types"}  # Flink conversion options (flink/convert.py)
+#: Flink conversion options (flink/convert.py), not params of the savepoint Spark job
+_CONVERSION_ONLY = {"ttl", "pyflink_types"}
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,51 @@ def _ttl_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--at", type=int, help="processing time in epoch ms (default: now) for processing-time TTL"
     )
+    _flink_ttl_argument(p)
     p.add_argument(
         "--watermark", type=int, help="event-time watermark in epoch ms for event-time TTL states"
     )
     _output_arguments(p)
+
+
+def _flink_ttl_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ttl",
+        action="append",
+        metavar="STATE=MS",
+        help="Flink jobs: the TTL of a TTL state in ms (a Flink snapshot does not store it); "
+        "repeatable",
+    )
+
+
+def flink_rewrite_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a rewrite of a Flink job's snapshot (``statectl flink rewrite``)."""
+    _input_arguments(p)
+    p.add_argument("--parallelism", type=int, help="new parallelism of every keyed operator")
+    p.add_argument("--max-parallelism", type=int, help="new max parallelism (re-assigns keys)")
+    _flink_ttl_argument(p)
+    p.add_argument("--at", type=int, help="epoch ms the TTL is measured at (default: now)")
+    p.add_argument(
+        "--drop-state",
+        action="append",
+        metavar="[UID/]STATE",
+        help="leave this keyed state out (restore with --allowNonRestoredState); repeatable",
+    )
+    p.add_argument(
+        "--drop-operator",
+        action="append",
+        metavar="UID",
+        help="leave this operator's state out (uid or hex operator id); repeatable",
+    )
+    p.add_argument(
+        "--uid",
+        action="append",
+        metavar="OLD=NEW",
+        help="give an operator a new uid (and so a new operator id); repeatable",
+    )
+    p.add_argument(
+        "--savepoint-dir", help="the new savepoint's directory (URL or path under the root)"
+    )
 
 
 def _input_arguments(p: argparse.ArgumentParser) -> None:
@@ -217,6 +261,12 @@ JOBS: dict[str, JobSpec] = {
         _rescale_arguments,
         _runner_of("rescale"),
     ),
+    "flink_rewrite": JobSpec(
+        "flink_rewrite",
+        "write a Flink savepoint from a Flink job's snapshot: rescale, TTL cleanup, state surgery",
+        flink_rewrite_arguments,
+        _runner_of("flink_rewrite"),
+    ),
 }
 
 
@@ -234,7 +284,10 @@ def add_job_parsers(subparsers: Any, handler: Callable[[argparse.Namespace], int
 
 
 def job_params(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k not in _NOT_PARAMS and v is not None}
+    skip = _NOT_PARAMS | (
+        _CONVERSION_ONLY if getattr(args, "job_name", None) == "savepoint" else set()
+    )
+    return {k: v for k, v in vars(args).items() if k not in skip and v is not None}
 
 
 def run_job(args: argparse.Namespace) -> dict[str, Any]:
@@ -256,6 +309,15 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         raise ModuleNotFoundError("No module named 'pyspark'", name="pyspark")
     params = job_params(args)
     ids = {k: params.pop(k) for k in COMMON if k in params}
+    if args.job_name in FLINK_REWRITES:
+        # a Flink job's snapshot is rewritten into a Flink savepoint (jobs/flink_rewrite.py)
+        from state_engine.jobs.flink_rewrite import run_flink_job
+
+        flink_name = app_name(args.job_name, getattr(args, "job", None), dag_id=args.dag_id,
+                              task_id=args.task_id, airflow_run_id=args.airflow_run_id)  # fmt: skip
+        report = run_flink_job(args.job_name, params, ids, settings=settings, name=flink_name)
+        if report is not None:
+            return report
     with Catalog.from_settings(settings) as catalog:
         # refused before the JVM starts: a wrong name or id should not cost minutes of Spark
         params = check_before_spark(args.job_name, catalog, params, settings=settings, **ids)

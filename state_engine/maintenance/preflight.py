@@ -40,6 +40,8 @@ READS: dict[str, tuple[SnapshotFormat, ...]] = {
     "compaction": (SnapshotFormat.DELTA, SnapshotFormat.CANONICAL),
     "savepoint": tuple(SnapshotFormat),
     "rescale": tuple(SnapshotFormat),
+    # a Flink job's snapshot rewritten into a Flink savepoint (checked in jobs/flink_rewrite.py)
+    "flink_rewrite": tuple(SnapshotFormat),
 }
 #: The jobs that take a ``savepoint_dir``.
 WRITES_DIRS = ("savepoint", "ttl_cleanup", "rescale")

@@ -1,0 +1,405 @@
+"""The rewrite's data path: records read from a source handle at their new key groups, output
+parts written as canonical key-group files, ``_metadata`` written last (no catalog, no Spark)."""
+
+from __future__ import annotations
+
+import posixpath
+import struct
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from state_engine.errors import FlinkStateError
+from state_engine.flink import metadata as md
+from state_engine.flink.keyed_state import (
+    END_OF_KEY_GROUP_MARK,
+    LIST_DELIMITER,
+    META_DATA_FOLLOWS_FLAG,
+    operator_label,
+)
+from state_engine.flink.metadata import FlinkSnapshotMetadata
+from state_engine.flink.metadata.parser import HEADER_MAGIC_NUMBER
+from state_engine.flink.rewrite.keys import key_hasher, new_key_group
+from state_engine.flink.rewrite.options import RewriteOptions, RewriteRefused
+from state_engine.flink.rewrite.plan import OperatorPlan, ReadTask, RewritePlan, plan_rewrite
+from state_engine.flink.rewrite.source import handle_header, source_records
+from state_engine.flink.serializers import Buf, ListSerializer, TtlSerializer
+from state_engine.keygroups import compute_operator_index_for_key_group
+from state_engine.snapshot.storage import FileStore
+
+__all__ = ["SCHEMA", "PartWritten", "read_records", "rewrite_local", "write_metadata", "write_part"]
+
+#: The columns of :func:`read_records`: ``part`` (index into ``plan.outputs``), ``key_group``
+#: (new), ``state`` (output state id), ``key`` (the RocksDB-shaped key without its key-group
+#: prefix), ``value``.
+SCHEMA = pa.schema(
+    [
+        ("part", pa.int32()),
+        ("key_group", pa.int32()),
+        ("state", pa.int16()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PartWritten:
+    """One output part as written: its file (in the output directory), size and the offset of
+    every key group of its range (0: no data)."""
+
+    part: int
+    file_name: str
+    size: int
+    offsets: tuple[int, ...]
+
+
+_BATCH_ROWS = 1 << 15
+_I64_MAX = (1 << 63) - 1
+
+
+def _expired(ts: int, ttl: int, at: int) -> bool:
+    # TtlUtils.expired: the expiration time (overflow capped at Long.MAX_VALUE) <= now
+    return min(ts + ttl, _I64_MAX) <= at
+
+
+def _handle(plan: RewritePlan, task: ReadTask) -> md.KeyedStateHandle:
+    op = plan.meta.operators[task.op]
+    for st in op.subtasks:
+        if st.index == task.subtask:
+            kh = st.keyed_handles[task.handle]
+            return kh
+    raise FlinkStateError(f"operator {operator_label(op)} has no subtask {task.subtask}")
+
+
+def _list_survivors(value: bytes, element: TtlSerializer, ttl: int, at: int, where: str) -> bytes:
+    """The elements of a RocksDB list value (``elem , elem ...``) not expired at ``at``."""
+    buf = Buf(value, where=where)
+    kept: list[bytes] = []
+    while buf.pos < buf.end:
+        start = buf.pos
+        ts = buf.i64()
+        assert element.value is not None
+        element.value.read(buf)
+        if not _expired(ts, ttl, at):
+            kept.append(value[start : buf.pos])
+        if buf.pos < buf.end and buf.u8() != LIST_DELIMITER:
+            raise buf.fail("the list delimiter ',' (0x2C)", buf.pos - 1)
+    return bytes([LIST_DELIMITER]).join(kept)
+
+
+def read_records(plan: RewritePlan, task: ReadTask, fs: Any = None) -> Iterator[pa.RecordBatch]:
+    """The records of ``task`` as :data:`SCHEMA` batches: keys re-assigned to their new key
+    groups, TTL-expired entries and list elements and dropped states left out. ``fs`` is unused
+    (handles carry their own locations); kept for the job's call."""
+    src = plan.meta.operators[task.op]
+    op: OperatorPlan = plan.operators[task.op]
+    kh = _handle(plan, task)
+    where = f"{plan.meta.metadata_path} operator {operator_label(src)} subtask {task.subtask}"
+    header, _ = handle_header(kh, where)
+    old_max, new_max = src.max_parallelism, op.max_parallelism
+    old_p = 1 if old_max <= 128 else 2
+    rehash = old_max != new_max
+    hasher = key_hasher(header.key_serializer) if rehash else None
+    if rehash and hasher is None:
+        raise RewriteRefused(
+            f"{where}: keys of serializer {header.key_serializer.java_class} cannot be re-hashed"
+        )
+    first_part = next(i for i, o in enumerate(plan.outputs) if o.op == task.op)
+    parallelism = op.parallelism
+    # key group -> part index (the canonical ranges at the new parallelism)
+    part_of = [
+        first_part + compute_operator_index_for_key_group(new_max, parallelism, kg)
+        for kg in range(new_max)
+    ]
+    list_elements = {
+        sid: header.by_name()[name].value_serializer
+        for name, sid in op.state_ids.items()
+        if op.ttl_kinds.get(sid) == "list"
+    }
+    at = plan.at
+    parts: list[int] = []
+    groups: list[int] = []
+    states: list[int] = []
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for name, key, value in source_records(kh, header, old_max, task.key_groups, where):
+        sid = op.state_ids.get(name)
+        if sid is None:
+            continue
+        ttl = op.ttl.get(sid)
+        if ttl is not None:
+            kind = op.ttl_kinds[sid]
+            if kind == "value":
+                if _expired(struct.unpack_from(">q", value, 0)[0], ttl, at):
+                    continue
+            elif kind == "map":
+                if value[0] == 0 and _expired(struct.unpack_from(">q", value, 1)[0], ttl, at):
+                    continue
+            else:
+                ser = list_elements[sid]
+                assert isinstance(ser, ListSerializer) and isinstance(ser.element, TtlSerializer)
+                value = _list_survivors(value, ser.element, ttl, at, where)
+                if not value:
+                    continue
+        if hasher is not None:
+            buf = Buf(key, old_p + (8 if sid in op.timer_ids else 0), where=where)
+            kg = new_key_group(hasher(buf), new_max)
+        else:
+            kg = key[0] if old_p == 1 else (key[0] << 8) | key[1]
+        parts.append(part_of[kg])
+        groups.append(kg)
+        states.append(sid)
+        keys.append(key[old_p:])
+        values.append(value)
+        if len(keys) >= _BATCH_ROWS:
+            yield _batch(parts, groups, states, keys, values)
+            parts, groups, states, keys, values = [], [], [], [], []
+    if keys:
+        yield _batch(parts, groups, states, keys, values)
+
+
+def _batch(
+    parts: list[int], groups: list[int], states: list[int], keys: list[bytes], values: list[bytes]
+) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(parts, pa.int32()),
+            pa.array(groups, pa.int32()),
+            pa.array(states, pa.int16()),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def _store(fs: Any, out_dir: str) -> tuple[FileStore, str]:
+    if isinstance(fs, FileStore):
+        return fs, fs.path_of(out_dir)
+    return FileStore.at(out_dir)
+
+
+_LEN = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+
+
+def write_part(
+    plan: RewritePlan, part: int, batches: Iterable[pa.RecordBatch], fs: Any, out_dir: str
+) -> PartWritten:
+    """Write output part ``part`` from ``batches`` sorted by (key_group, state, key): one
+    canonical key-group file (docs/flink-format.md §5.2), one key group in memory at a time."""
+    out = plan.outputs[part]
+    op = plan.operators[out.op]
+    store, root = _store(fs, out_dir)
+    prefix_len = 1 if op.max_parallelism <= 128 else 2
+    kgr = out.key_groups
+    offsets = [0] * len(kgr)
+    store.makedirs(root)
+    path = posixpath.join(root, out.file_name)
+    pos = 0
+    with store.open_write(path) as f:
+        f.write(op.header)
+        pos = len(op.header)
+        current_kg = -1
+        group: list[tuple[int, bytes, bytes]] = []
+
+        def flush() -> None:
+            nonlocal pos
+            if not group:
+                return
+            offsets[current_kg - kgr.start] = pos
+            chunk = bytearray()
+            prefix = current_kg.to_bytes(prefix_len, "big")
+            flagged = bytes([prefix[0] | META_DATA_FOLLOWS_FLAG]) + prefix[1:]
+            chunk += _U16.pack(group[0][0])
+            for i, (sid, key, value) in enumerate(group):
+                last_of_state = i + 1 == len(group) or group[i + 1][0] != sid
+                k = (flagged if last_of_state else prefix) + key
+                chunk += _LEN.pack(len(k))
+                chunk += k
+                chunk += _LEN.pack(len(value))
+                chunk += value
+                if last_of_state:
+                    chunk += _U16.pack(
+                        END_OF_KEY_GROUP_MARK if i + 1 == len(group) else group[i + 1][0]
+                    )
+            f.write(bytes(chunk))
+            pos += len(chunk)
+            group.clear()
+
+        for batch in batches:
+            cols = batch.to_pydict()
+            for p, kg, sid, key, value in zip(
+                cols["part"], cols["key_group"], cols["state"], cols["key"], cols["value"],
+                strict=True,
+            ):  # fmt: skip
+                if p != part or kg not in kgr:
+                    raise FlinkStateError(
+                        f"record of key group {kg} (part {p}) sent to part {part} over {kgr}"
+                    )
+                if kg != current_kg:
+                    if kg < current_kg:
+                        raise FlinkStateError(f"part {part}: records not sorted by key group")
+                    flush()
+                    current_kg = kg
+                group.append((sid, key, value))
+        flush()
+    return PartWritten(part, out.file_name, pos, tuple(offsets))
+
+
+# --- _metadata ---
+
+
+def _utf(text: str) -> bytes:
+    from state_engine.flink.rewrite.javautf import encode_modified_utf8
+
+    raw = encode_modified_utf8(text)
+    return _U16.pack(len(raw)) + raw
+
+
+def _inline(name: str, data: bytes) -> bytes:
+    return b"\x01" + _utf(name) + _LEN.pack(len(data)) + data
+
+
+def _relative(name: str, size: int) -> bytes:
+    return b"\x06" + _utf(name) + struct.pack(">q", size)
+
+
+class _Copier:
+    """Copies the operator and coordinator state streams into the new directory."""
+
+    def __init__(self, store: FileStore, root: str) -> None:
+        self.store, self.root = store, root
+
+    def stream(self, handle: md.StreamHandle | None) -> bytes:
+        if handle is None:
+            return b"\x00"
+        data = handle.read_bytes()
+        if handle.type == md.INLINE:
+            return _inline(handle.name, data)
+        name = f"op-{uuid.uuid4()}"
+        with self.store.open_write(posixpath.join(self.root, name)) as f:
+            f.write(data)
+        return _relative(name, len(data))
+
+
+def _operator_handle(h: md.OperatorStateHandle, copier: _Copier) -> bytes:
+    out = bytearray(b"\x04")
+    out += _LEN.pack(len(h.states))
+    for entry in h.states:
+        out += _utf(entry.name)
+        out += bytes([("SPLIT_DISTRIBUTE", "UNION", "BROADCAST").index(entry.mode)])
+        out += _LEN.pack(len(entry.offsets))
+        out += struct.pack(f">{len(entry.offsets)}q", *entry.offsets)
+    out += copier.stream(h.delegate)
+    return bytes(out)
+
+
+def write_metadata(plan: RewritePlan, parts: Sequence[PartWritten], fs: Any, out_dir: str) -> str:
+    """Copy operator and coordinator state into ``out_dir`` and write ``_metadata`` last (in the
+    source's metadata version; relative handles; canonical savepoint properties); returns its
+    path."""
+    store, root = _store(fs, out_dir)
+    store.makedirs(root)
+    by_part = {p.part: p for p in parts}
+    if sorted(by_part) != list(range(len(plan.outputs))):
+        missing = sorted(set(range(len(plan.outputs))) - set(by_part))
+        raise FlinkStateError(f"output parts {missing} were not written: _metadata not written")
+    copier = _Copier(store, root)
+    meta = plan.meta
+    out = bytearray()
+    out += struct.pack(">ii", HEADER_MAGIC_NUMBER, plan.version)
+    out += struct.pack(">q", meta.checkpoint_id)
+    out += plan.master_states
+    out += _LEN.pack(len(meta.operators))
+    for i, (src, op) in enumerate(zip(meta.operators, plan.operators, strict=True)):
+        if plan.version >= 5:
+            out += _utf(src.name)
+            out += _utf(op.uid)
+        out += bytes.fromhex(op.operator_id)
+        out += struct.pack(">ii", op.parallelism, op.max_parallelism)
+        coordinator = src.coordinator_state
+        if coordinator is None:
+            out += b"\x00"
+        else:
+            # Flink reads coordinator state back only from bytes inside _metadata
+            out += _inline(coordinator.name, coordinator.read_bytes())
+        if src.fully_finished:
+            out += _LEN.pack(-1)
+            continue
+        my_parts = {plan.outputs[p].subtask: p for p in by_part if plan.outputs[p].op == i}
+        subtasks = {st.index: st for st in src.subtasks}
+        indexes = sorted(set(subtasks) | set(my_parts)) if my_parts else sorted(subtasks)
+        out += _LEN.pack(len(indexes))
+        for index in indexes:
+            st = subtasks.get(index)
+            if st is not None and st.finished:
+                out += _LEN.pack(-index - 1)
+                continue
+            out += _LEN.pack(index)
+            for oh in (st.managed_operator_state, st.raw_operator_state) if st else (None, None):
+                if oh is None:
+                    out += _LEN.pack(0)
+                else:
+                    out += _LEN.pack(1)
+                    out += _operator_handle(oh, copier)
+            if index in my_parts:
+                pw = by_part[my_parts[index]]
+                kgr = plan.outputs[pw.part].key_groups
+                out += b"\x07"
+                out += struct.pack(">ii", kgr.start, len(kgr))
+                out += struct.pack(f">{len(pw.offsets)}q", *pw.offsets)
+                out += _relative(pw.file_name, pw.size)
+            else:
+                out += b"\x00"
+            out += b"\x00"  # raw keyed state
+            out += _LEN.pack(0) + _LEN.pack(0)  # no channel state
+    out += plan.properties
+    path = posixpath.join(root, "_metadata")
+    with store.open_write(path) as f:
+        f.write(bytes(out))
+    return store.url_of(path) if not store.is_local else path
+
+
+def rewrite_local(
+    meta: FlinkSnapshotMetadata, options: RewriteOptions, fs: Any, out_dir: str
+) -> dict[str, Any]:
+    """The whole rewrite in this process (tests, small snapshots); returns the plan's report
+    with ``output_location`` (None when no rewrite is needed)."""
+    plan = plan_rewrite(meta, options)
+    report = plan.report()
+    if not plan.needs_rewrite:
+        report["output_location"] = None
+        return report
+    by_part: dict[int, list[tuple[int, int, bytes, bytes]]] = {
+        i: [] for i in range(len(plan.outputs))
+    }
+    for task in plan.read_tasks:
+        for batch in read_records(plan, task, fs):
+            cols = batch.to_pydict()
+            for p, kg, sid, key, value in zip(
+                cols["part"], cols["key_group"], cols["state"], cols["key"], cols["value"],
+                strict=True,
+            ):  # fmt: skip
+                by_part[p].append((kg, sid, key, value))
+    written = []
+    for p, rows in by_part.items():
+        rows.sort(key=lambda r: (r[0], r[1], r[2]))
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array([p] * len(rows), pa.int32()),
+                pa.array([r[0] for r in rows], pa.int32()),
+                pa.array([r[1] for r in rows], pa.int16()),
+                pa.array([r[2] for r in rows], pa.binary()),
+                pa.array([r[3] for r in rows], pa.binary()),
+            ],
+            schema=SCHEMA,
+        )
+        written.append(write_part(plan, p, [batch], fs, out_dir))
+    report["output_location"] = posixpath.dirname(write_metadata(plan, written, fs, out_dir))
+    report["records"] = sum(len(r) for r in by_part.values())
+    return report

@@ -103,12 +103,13 @@ def _row_hasher(ser: RowSerializer) -> KeyHasher | None:
 
     def hasher(buf: Buf) -> int:
         row = ser.read(buf)
-        # Row.hashCode (RowUtils.deepHashCodeRow): 31 * kind byte (INSERT = 0) + the fields'
-        # Arrays.deepHashCode; a restored key is always an INSERT row
+        # Row.hashCode (Flink 2.3, checked against its JVM): 31 * kind byte (INSERT = 0) plus
+        # a polynomial from 1 over the fields, each field 31 + its hashCode (0 when null)
         h = 1
         for kind, value in zip(kinds, row, strict=True):
-            h = (31 * h + (0 if value is None else scalar_hash(kind, value))) & _MASK32
-        return _i32(31 * 0 + h)
+            field_hash = 0 if value is None else 31 + scalar_hash(kind, value)
+            h = (31 * h + field_hash) & _MASK32
+        return _i32(h)
 
     return hasher
 

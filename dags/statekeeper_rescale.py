@@ -30,11 +30,20 @@ parallelism above the (new) max parallelism, or a job or snapshot the catalog do
 fails the task at once with the reason, recorded FAILED in the catalog.
 Spark runs in-process (`local[*]`) unless the `spark_default` connection names a cluster.
 
+**Flink jobs** (imported with `statectl flink import`): the job's snapshot (its latest one Flink
+wrote, or `source_snapshot`) is rewritten on Spark into a new canonical Flink savepoint at
+`parallelism` and `max_parallelism` (every key moves to its new key group), a SAVEPOINT of the
+job in the catalog; the task log says how to restore it (`flink run -s <dir>`) and warns when the
+job's configured max parallelism must change. A parallelism-only change of a canonical savepoint
+needs no rewrite: the log says so, with the command.
+
 **Params**
 - `job`: the job to rescale (required).
 - `parallelism`: the new parallelism, 1..32768 (required).
 - `max_parallelism`: a new max parallelism, 1..32768; empty keeps the job's.
 - `source_snapshot`: the snapshot id to rescale; empty: the job's latest completed snapshot.
+- `savepoint_dir`: where the new savepoint goes (a URL or a path under the job's root); empty:
+  the job's `savepoints/`.
 """
 
 
@@ -82,6 +91,13 @@ Spark runs in-process (`local[*]`) unless the `spark_default` connection names a
             description="Id of the completed snapshot to rescale; leave empty for the job's "
             "latest completed snapshot.",
         ),
+        "savepoint_dir": Param(
+            None,
+            type=["null", "string"],
+            title="Savepoint directory",
+            description="Directory of the new savepoint (a URL or a path under the job's root); "
+            "leave empty for the job's savepoints/.",
+        ),
     },
 )
 def statekeeper_rescale() -> None:
@@ -93,6 +109,7 @@ def statekeeper_rescale() -> None:
             "snapshot": "{{ params.source_snapshot }}",
             "parallelism": "{{ params.parallelism }}",
             "max_parallelism": "{{ params.max_parallelism }}",
+            "savepoint_dir": "{{ params.savepoint_dir }}",
         },
     )
 

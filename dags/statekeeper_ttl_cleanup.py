@@ -30,11 +30,18 @@ Runs daily against the catalog named by `STATEKEEPER_CATALOG_URL`.
 Spark runs in-process (`local[*]`) unless the `spark_default` connection names a cluster.
 A retry of a task reuses its catalog run id: a run that already succeeded is not written twice.
 
-**Params**: `watermark` (epoch ms or empty): event-time watermark for event-time TTL states;
-empty leaves those states as they are. `at` (epoch ms or empty): the processing time that
-processing-time TTL states expire against; empty: the time of the run. A job whose clock is not
-the wall clock (e.g. one driven by record timestamps) needs its own time here, or the cleanup
-drops entries the job would still read.
+**Flink jobs** (imported with `statectl flink import`) are cleaned when `ttl` is given (a Flink
+snapshot does not store the TTL): each one's latest snapshot Flink wrote is rewritten on Spark
+into a new canonical Flink savepoint without the entries Flink would treat as expired at `at`
+(`lastAccessTimestamp + ttl <= at`), a SAVEPOINT of the job in the catalog; the task log says how
+to restore it. Without `ttl` they are logged and left alone.
+
+**Params**: `job` (or empty): clean only this job. `ttl` (a list of `STATE=MS`): the TTL of each
+Flink TTL state to clean. `watermark` (epoch ms or empty): event-time watermark for event-time
+TTL states; empty leaves those states as they are. `at` (epoch ms or empty): the processing
+time that processing-time TTL states expire against; empty: the time of the run. A job whose
+clock is not the wall clock (e.g. one driven by record timestamps) needs its own time here, or
+the cleanup drops entries the job would still read.
 """
 
 
@@ -48,6 +55,20 @@ drops entries the job would still read.
     default_args={"owner": "statekeeper", "retries": 2, "retry_delay": timedelta(minutes=5)},
     doc_md=DOC,
     params={
+        "job": Param(
+            None,
+            type=["null", "string"],
+            title="Job",
+            description="Clean only this job; leave empty for every job.",
+        ),
+        "ttl": Param(
+            [],
+            type="array",
+            items={"type": "string", "pattern": "^[^=]+=[0-9]+$"},
+            title="Flink TTLs (STATE=MS)",
+            description="Flink jobs: the TTL in ms of each TTL state to clean, as STATE=MS (a "
+            "Flink snapshot does not store it); leave empty to leave Flink jobs alone.",
+        ),
         "watermark": Param(
             None,
             type=["null", "integer"],
@@ -74,17 +95,29 @@ def statekeeper_ttl_cleanup() -> None:
 
         with Catalog.from_settings() as catalog:
             result = ttl_plan(catalog)
+            flink = {j.name for j in catalog.list_jobs() if j.origin == "flink"}
+        only = (params or {}).get("job") or None
+        ttl = list((params or {}).get("ttl") or [])
         for item in result["skipped"]:
-            log.info("%s: skipped: %s", item["job"], item["reason"])
+            if not (ttl and item["job"] in flink) and only in (None, item["job"]):
+                log.info("%s: skipped: %s", item["job"], item["reason"])
         watermark = (params or {}).get("watermark")
         at = (params or {}).get("at")
-        return [
+        targets = [
             {
                 "job": t["job"],
                 "job_params": {"snapshot": t["snapshot"], "watermark": watermark, "at": at},
             }
             for t in result["targets"]
+            if only in (None, t["job"])
         ]
+        if ttl:  # Flink jobs: their latest snapshot Flink wrote, into a Flink savepoint
+            targets += [
+                {"job": name, "job_params": {"ttl": ttl, "at": at}}
+                for name in sorted(flink)
+                if only in (None, name)
+            ]
+        return targets
 
     StatekeeperJobOperator.partial(
         task_id="ttl_cleanup",

@@ -197,9 +197,24 @@ def run_maintenance(
         report.get("rows_out"),
         " (already done: skipped)" if report.get("skipped") else "",
     )
+    log_restore(report)
     if emit:
         emit_snapshot_event(context, report, kind)
     return report
+
+
+def log_restore(report: Mapping[str, Any]) -> None:
+    """A Flink savepoint written by the run: how to restore it, and what the job must change."""
+    stats = report.get("stats") or {}
+    restore = stats.get("restore")
+    if not isinstance(restore, dict):
+        return
+    from state_engine.flink.maintain import restore_lines
+
+    if stats.get("no_rewrite_needed"):
+        log.info("%s", stats.get("message", "no rewrite needed"))
+    for line in restore_lines(restore):
+        (log.warning if line.startswith("warning:") else log.info)("%s", line)
 
 
 def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
@@ -211,6 +226,15 @@ def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -
 
     settings = Settings.from_env()
     with Catalog.from_settings(settings) as catalog:
+        from state_engine.flink.maintain import targets_flink
+
+        if targets_flink(catalog, kind, params):
+            # a Flink job's snapshot is rewritten into a Flink savepoint (jobs/flink_rewrite.py)
+            from state_engine.jobs.flink_rewrite import check_before_spark as check_flink
+
+            checked = check_flink(kind, catalog, params, settings=settings, **ids)
+            checked.pop("_needs_spark")
+            return checked
         return check(kind, catalog, params, settings=settings, **ids)
 
 

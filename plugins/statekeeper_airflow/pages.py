@@ -233,6 +233,27 @@ def snapshot_rows(snapshots: list[SnapshotRecord], root: str) -> list[str]:
     ]
 
 
+def restore_section(catalog: CatalogDep, job: JobRecord) -> str:
+    """A Flink job's newest savepoint written by a rewrite run: how to restore it."""
+    if job.origin != "flink":
+        return ""
+    for run in catalog.list_runs(job=job.name, status="SUCCEEDED", limit=20):
+        stats = (run.stats or {}).get("stats") or {}
+        restore = stats.get("restore")
+        if not isinstance(restore, dict) or not run.output_snapshot_id:
+            continue
+        warnings = "".join(f"<li>{escape(str(w))}</li>" for w in restore.get("warnings") or ())
+        return (
+            "<h2>Restore the rewritten savepoint</h2>"
+            f'<p class="sub">Snapshot {run.output_snapshot_id}, written by {escape(run.kind)} '
+            f"run {escape(run.run_id)} into {escape(str(stats.get('output_location')))}.</p>"
+            f"<pre>{escape(str(restore.get('command')))}</pre>"
+            f"<p>or in the job's configuration:</p><pre>{escape(str(restore.get('config')))}</pre>"
+            + (f"<ul>{warnings}</ul>" if warnings else "")
+        )
+    return ""
+
+
 @router.get("/jobs/{job:path}", response_class=HTMLResponse)
 def job_page(
     job: str, catalog: CatalogDep, limit: PageLimit = PAGE_LIMIT, offset: Offset = 0
@@ -277,7 +298,7 @@ def job_page(
         ("Completed at", False),
     ]
     body = (
-        f"<h1>Job {escape(record.name)}</h1>{facts}"
+        f"<h1>Job {escape(record.name)}</h1>{facts}{restore_section(catalog, record)}"
         f"<h2>State size over time</h2>"
         f'<p class="sub">All files each completed snapshot references, the newest {shown} '
         f"snapshot{'s' if shown != 1 else ''}.</p>{chart}"

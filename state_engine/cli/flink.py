@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from state_engine.config import Settings
@@ -35,6 +36,20 @@ def cmd_flink_forget_directory(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), sort_keys=True))
     else:
         print(report.render())
+    return 0
+
+
+def cmd_flink_rewrite(args: argparse.Namespace) -> int:
+    from state_engine.cli.maintain import print_restore
+    from state_engine.jobs.commands import json_default, run_job
+
+    args.job_name = "flink_rewrite"
+    report = run_job(args)
+    if args.json:
+        print(json.dumps(report, default=json_default, sort_keys=True))
+        print_restore(report)
+    else:
+        print_restore(report, out=sys.stdout)
     return 0
 
 
@@ -76,3 +91,20 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     forget.add_argument("--json", action="store_true", help="print the report as JSON")
     forget.set_defaults(handler=cmd_flink_forget_directory)
+    from state_engine.jobs.commands import flink_rewrite_arguments
+
+    rewrite = commands.add_parser(
+        "rewrite",
+        help="write a Flink savepoint from a Flink job's snapshot (rescale, TTL, state surgery)",
+        description=(
+            "Rewrite a COMPLETED snapshot of Flink job NAME (its latest one Flink wrote, unless "
+            "--snapshot) into a new canonical Flink savepoint, on Spark: a new parallelism and "
+            "max parallelism, TTL cleanup (--ttl STATE=MS, --at), dropped states or operators, "
+            "new uids. The savepoint is a catalog snapshot of the job; restore it with "
+            "`flink run -s DIR`. Nothing is written when the input is refused."
+        ),
+    )
+    flink_rewrite_arguments(rewrite)
+    rewrite.add_argument("--run-id", help="the run's id: the same id again never redoes a success")
+    rewrite.add_argument("--json", action="store_true", help="print the run's report as JSON")
+    rewrite.set_defaults(handler=cmd_flink_rewrite, dag_id=None, airflow_run_id=None, task_id=None)

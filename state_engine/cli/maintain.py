@@ -23,7 +23,29 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     if report is None:
         report = run_job(args)
     print(json.dumps(report, default=json_default, sort_keys=True))
+    print_restore(report)
     return 0
+
+
+def print_restore(report: dict[str, Any], *, out: Any = None) -> None:
+    """A Flink rewrite's news for people (on stderr: stdout is the JSON report): that no rewrite
+    was needed, how to restore the output savepoint, what must change in the job first."""
+    import sys
+
+    from state_engine.flink.maintain import restore_lines
+
+    stats = report.get("stats") or {}
+    restore = stats.get("restore")
+    if not isinstance(restore, dict):
+        return
+    stream = out if out is not None else sys.stderr
+    if stats.get("no_rewrite_needed"):
+        print(stats.get("message", "no rewrite needed"), file=stream)
+    elif stats.get("output_location"):
+        print(f"wrote Flink savepoint {stats['output_location']} (snapshot "
+              f"{report.get('output_snapshot_id')})", file=stream)  # fmt: skip
+    for line in restore_lines(restore):
+        print(line, file=stream)
 
 
 def cmd_state_show(args: argparse.Namespace) -> int:

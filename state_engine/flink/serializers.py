@@ -406,6 +406,8 @@ _SIMPLE: dict[str, tuple[str, int | None]] = {
     "ByteArrayWrapperSerializer$ByteArrayWrapperSerializerSnapshot": ("bytes", None),
     # writes one 0 byte; getLength() is 0, which Flink counts as fixed length
     "VoidNamespaceSerializer$VoidNamespaceSerializerSnapshot": ("void", 0),
+    # Flink SQL's internal strings: i32 byte length + UTF-8 (kept as the bytes)
+    "StringDataSerializer$StringDataSerializerSnapshot": ("bytes", None),
 }
 _ARRAYS = {
     f"{t}PrimitiveArraySerializer${t}PrimitiveArraySerializerSnapshot": t.lower()
@@ -417,6 +419,7 @@ _COMPOSITES = (
     "RowSerializer$RowSerializerSnapshot",
     "TtlStateFactory$TtlSerializerSnapshot",
     "TimerSerializerSnapshot",
+    "RowDataSerializer$RowDataSerializerSnapshot",
 )
 
 
@@ -443,6 +446,8 @@ def read_serializer_snapshot(buf: Buf, *, nested: bool = False) -> FlinkSerializ
         return _Scalar(java_class, length, kind)
     if simple in _ARRAYS:
         return _PrimitiveArray(java_class, None, _ARRAYS[simple])
+    if simple == "RowDataSerializer$RowDataSerializerSnapshot":
+        return _read_row_data(buf, java_class)
     if simple in _COMPOSITES:
         return _read_composite(buf, java_class, simple, version)
     raise UnsupportedFlinkSerializer(
@@ -451,6 +456,47 @@ def read_serializer_snapshot(buf: Buf, *, nested: bool = False) -> FlinkSerializ
         "Float, Boolean, Character, byte[], primitive arrays, List, Map, Row, TTL, VoidNamespace); "
         "use --raw to see the bytes as base64"
     )
+
+
+@dataclass(frozen=True)
+class RowDataSerializer(FlinkSerializer):
+    """Flink SQL's ``RowDataSerializer``: a ``BinaryRowData`` as i32 length + its bytes (the
+    row's bytes are what its ``hashCode`` hashes); read as those bytes."""
+
+    kind: str = "binary-row"
+    fields: tuple[FlinkSerializer, ...] = ()
+
+    def read(self, buf: Buf) -> bytes:
+        return buf.take(buf.i32())
+
+    def describe(self) -> str:
+        return f"RowData<{', '.join(f.describe() for f in self.fields)}>"
+
+
+def _read_row_data(buf: Buf, java_class: str) -> FlinkSerializer:
+    # RowDataSerializerSnapshot: i32 field count, each field's LogicalType as its own Java
+    # serialization stream, then the nested serializer snapshots
+    from state_engine.flink.javaser import read_java_object
+
+    n = buf.i32()
+    if not 0 <= n <= 1024:
+        raise buf.fail(f"a RowData field count, found {n}", buf.pos - 4)
+    for _ in range(n):
+        try:
+            _, buf.pos = read_java_object(buf.data, buf.pos, buf.where or "serializer snapshot")
+        except Exception as exc:  # the Java stream reader's own errors name the offset
+            raise UnsupportedFlinkSerializer(
+                f"{java_class}: a field's logical type is not readable ({exc})"
+            ) from None
+    at = buf.pos
+    if buf.i32() != NESTED_MAGIC:
+        raise buf.fail(f"nested serializer snapshots magic {NESTED_MAGIC}", at)
+    buf.i32()
+    count = buf.i32()
+    if count != n:
+        raise buf.fail(f"{n} nested serializers in {java_class}, found {count}", buf.pos - 4)
+    nested = tuple(read_serializer_snapshot(buf, nested=True) for _ in range(count))
+    return RowDataSerializer(java_class, None, "binary-row", nested)
 
 
 def _read_composite(buf: Buf, java_class: str, simple: str, version: int) -> FlinkSerializer:

@@ -105,12 +105,6 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
 
 
-def _ttl_runner() -> Callable[..., dict[str, Any]]:
-    from state_engine.jobs import ttl_cleanup
-
-    return ttl_cleanup.run
-
-
 def _deleting_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", required=True, help="job name")
     p.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
@@ -212,6 +206,26 @@ def _rescale_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row-group-bytes", type=int, help="Parquet row-group target (bytes)")
 
 
+def _flink_aware(kind: str) -> Callable[[], Callable[..., dict[str, Any]]]:
+    """The runner of ``kind``, which on a Flink job writes a Flink savepoint instead."""
+
+    def load() -> Callable[..., dict[str, Any]]:
+        from state_engine.flink.maintain import targets_flink
+        from state_engine.jobs import flink_rewrite
+
+        own = _runner_of(kind)()
+
+        def run(spark: Any, catalog: Any, **params: Any) -> dict[str, Any]:
+            if targets_flink(catalog, kind, params):
+                report: dict[str, Any] = flink_rewrite.runner(kind)(spark, catalog, **params)
+                return report
+            return own(spark, catalog, **params)
+
+        return run
+
+    return load
+
+
 def _runner_of(module: str) -> Callable[[], Callable[..., dict[str, Any]]]:
     def load() -> Callable[..., dict[str, Any]]:
         import importlib
@@ -241,7 +255,7 @@ JOBS: dict[str, JobSpec] = {
         "ttl_cleanup",
         "write a new snapshot without the entries whose TTL expired",
         _ttl_arguments,
-        _ttl_runner,
+        _flink_aware("ttl_cleanup"),
     ),
     "compaction": JobSpec(
         "compaction",
@@ -259,7 +273,7 @@ JOBS: dict[str, JobSpec] = {
         "rescale",
         "rescale a snapshot to a new parallelism (and max parallelism)",
         _rescale_arguments,
-        _runner_of("rescale"),
+        _flink_aware("rescale"),
     ),
     "flink_rewrite": JobSpec(
         "flink_rewrite",

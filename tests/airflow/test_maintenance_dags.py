@@ -432,4 +432,5 @@ def test_rescale_params_in_range_resolve_with_their_defaults(
         "parallelism": 4,
         "max_parallelism": None,
         "source_snapshot": None,
+        "savepoint_dir": None,
     }

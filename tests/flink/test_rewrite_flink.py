@@ -139,7 +139,7 @@ def restore(
     work = harness.work / name
     work.mkdir()
     probes = work / "keys.txt"
-    uid_str, uid_long = args.get("uid_str", "agg-str"), args.get("uid_long", "agg-long")
+    uid_str = args.get("uid_str", "agg-str")
     lines = [f"s:{k}" if uid == uid_str else f"l:{k}" for uid, k in keys]
     probes.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
     dump = work / "dump"
@@ -253,7 +253,7 @@ def _ttl_elements(snapshot: Path, state: str) -> dict[tuple[str, Any], list[tupl
                 buf = Buf(value)
                 elems = []
                 while buf.pos < buf.end:
-                    v = info.value_serializer.element.read(buf)
+                    v = info.value_serializer.element.read(buf)  # type: ignore[attr-defined]
                     elems.append((v.value, v.timestamp))
                     if buf.pos < buf.end:
                         buf.u8()
@@ -277,7 +277,7 @@ def test_ttl_cleanup_drops_exactly_the_expired_entries(
     elements = _ttl_elements(hashmap_savepoint, "seen")
     expired_any = 0
     for _, _, e in snapshot_entries(meta):
-        if e.state in ttl and e.state != "seen" and e.expires_at <= at:
+        if e.state in ttl and e.state != "seen" and (e.expires_at or 0) <= at:
             row = expected[(_uid_of(meta, e), e.key)]
             if e.state == "lastSeen":
                 row["lastSeen"] = None
@@ -327,7 +327,8 @@ def test_dropped_state_and_changed_uid_restore_with_allow_non_restored_state(
         if uid == "agg-str":
             row["merchants"] = {}
     expected = {
-        (("agg-long-v2" if uid == "agg-long" else uid), k): row for (uid, k), row in expected.items()
+        (("agg-long-v2" if uid == "agg-long" else uid), k): row
+        for (uid, k), row in expected.items()
     }
     timers = {
         ("agg-long-v2" if uid == "agg-long" else uid, k, ts)

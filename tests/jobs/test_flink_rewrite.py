@@ -56,7 +56,7 @@ def _part_files(directory: Path) -> dict[str, bytes]:
     """The keyed-state part files (the copied operator-state files have random names)."""
     meta = read_metadata(str(directory))
     names = {
-        Path(st.managed_keyed_state.delegate.location).name
+        Path(str(st.managed_keyed_state.delegate.location)).name
         for op in meta.operators
         for st in op.subtasks
         if st.managed_keyed_state is not None and st.managed_keyed_state.delegate is not None
@@ -148,7 +148,7 @@ def test_a_failed_rewrite_leaves_no_metadata_and_no_completed_snapshot(
     assert meta is not None
     # a key-group file cut short after its header: the read tasks fail mid-way
     victim = next(
-        Path(st.managed_keyed_state.delegate.location)
+        Path(str(st.managed_keyed_state.delegate.location))  # type: ignore[union-attr]
         for op in meta.operators
         for st in op.subtasks
         if st.managed_keyed_state is not None
@@ -181,3 +181,30 @@ def test_a_parallelism_only_change_of_a_canonical_savepoint_needs_no_rewrite_and
     )
     assert not root.exists() or not [p for p in root.rglob("*") if p.is_file()]
     assert catalog.get_run("p-only").status == "SUCCEEDED"
+
+
+def test_statectl_maintain_rescale_on_a_flink_job_reports_the_savepoint_and_how_to_restore(
+    spark: Any,
+    catalog: Catalog,
+    catalog_url: str,
+    job: FlinkJob,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    from state_engine.cli import main
+
+    monkeypatch.setenv("STATEKEEPER_CATALOG_URL", catalog_url)
+    argv = ["maintain", "rescale", "--job", job.name, "--parallelism", "2",
+            "--max-parallelism", "200", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    snap = catalog.get_snapshot(report["output_snapshot_id"])
+    assert report["stats"]["output_location"] == snap.location
+    assert (str(snap.kind), snap.max_parallelism, snap.job) == ("SAVEPOINT", 200, job.name)
+    where = FileStore.at(snap.location)[1]
+    assert f"restore with: flink run -s {where} -p 2" in err
+    assert "max parallelism must change to 200 (from 128)" in err
+    assert catalog.get_run(report["run_id"]).kind == "rescale"

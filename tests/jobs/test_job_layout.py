@@ -12,6 +12,7 @@ ROOT = Path(state_engine.__file__).parent
 JOBS = {
     "compaction",
     "expire",
+    "flink_rewrite",
     "orphan_cleanup",
     "rescale",
     "savepoint",

@@ -280,16 +280,17 @@ def plan_rewrite(meta: FlinkSnapshotMetadata, options: RewriteOptions) -> Rewrit
         if ms is None or int(ms) < 0:
             raise RewriteRefused(f"--ttl {state}={ms}: the TTL must be a number of ms >= 0")
         found = False
-        for i, ((_, infos), _, order) in headers.items():
+        for i, ((_, infos), _, _order) in headers.items():
             if state not in infos:
                 continue
             found = True
             info = infos[state]
             if _ttl_kind(info.kind, info.value_serializer) is None:
+                label = meta.operators[i].uid or meta.operators[i].operator_id
                 raise RewriteRefused(
-                    f"state {state!r} of operator {meta.operators[i].uid or meta.operators[i].operator_id} "
-                    f"has no TTL serializer ({info.value_serializer.describe()}): its entries carry "
-                    "no last-access time; give --ttl only for states declared with a StateTtlConfig"
+                    f"state {state!r} of operator {label} has no TTL serializer "
+                    f"({info.value_serializer.describe()}): its entries carry no last-access "
+                    "time; give --ttl only for states declared with a StateTtlConfig"
                 )
             ttl_hits[state] = ttl_hits.get(state, 0) + 1
         if not found:
@@ -370,7 +371,7 @@ def plan_rewrite(meta: FlinkSnapshotMetadata, options: RewriteOptions) -> Rewrit
         for st in op.subtasks:
             if st.managed_keyed_state is not None:
                 tasks.append(ReadTask(i, st.index, 0, st.managed_keyed_state.key_groups))
-    for i, op in enumerate(meta.operators):
+    for op in meta.operators:
         for st in op.subtasks:
             if st.input_channel_state or st.output_channel_state:
                 raise RewriteRefused(

@@ -333,7 +333,8 @@ def write_metadata(plan: RewritePlan, parts: Sequence[PartWritten], fs: Any, out
             continue
         my_parts = {plan.outputs[p].subtask: p for p in by_part if plan.outputs[p].op == i}
         subtasks = {st.index: st for st in src.subtasks}
-        indexes = sorted(set(subtasks) | set(my_parts)) if my_parts else sorted(subtasks)
+        # a keyed operator: one subtask state per new subtask (none beyond its parallelism)
+        indexes = sorted({*my_parts, *(k for k in subtasks if k < op.parallelism)})
         out += _LEN.pack(len(indexes))
         for index in indexes:
             st = subtasks.get(index)

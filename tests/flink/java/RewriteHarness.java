@@ -269,6 +269,18 @@ public class RewriteHarness {
         }
     }
 
+    /** A savepoint; retried while Flink declines it (tasks of the job still deploying). */
+    static String savepoint(JobClient client, String dir, SavepointFormatType fmt) throws Exception {
+        for (int attempt = 0; ; attempt++) {
+            try {
+                return client.triggerSavepoint(dir, fmt).get(120, TimeUnit.SECONDS);
+            } catch (java.util.concurrent.ExecutionException e) {
+                if (attempt >= 100) throw e;
+                Thread.sleep(200);
+            }
+        }
+    }
+
     static long latestCompleted(Path jobDir) throws IOException {
         long best = -1;
         if (!Files.isDirectory(jobDir)) return best;
@@ -306,10 +318,15 @@ public class RewriteHarness {
         Map<String, String> a = args(argv);
         int p = Integer.parseInt(a.get("p"));
         int maxp = Integer.parseInt(a.get("maxp"));
-        if (mode.equals("produce")) produce(a, p, maxp);
-        else if (mode.equals("restore")) restore(a, p, maxp);
-        else if (mode.equals("sql")) sql(a, p, maxp);
-        else throw new IllegalArgumentException(mode);
+        try {
+            if (mode.equals("produce")) produce(a, p, maxp);
+            else if (mode.equals("restore")) restore(a, p, maxp);
+            else if (mode.equals("sql")) sql(a, p, maxp);
+            else throw new IllegalArgumentException(mode);
+        } catch (Throwable e) {
+            e.printStackTrace();
+            System.exit(1); // the MiniCluster's threads would keep the JVM alive
+        }
         System.exit(0);
     }
 
@@ -339,7 +356,7 @@ public class RewriteHarness {
         }
         waitFor("the first N records", () -> Files.exists(Paths.get(marker + "-" + (n - 1))), client);
         SavepointFormatType fmt = kind.equals("native") ? SavepointFormatType.NATIVE : SavepointFormatType.CANONICAL;
-        String sp = client.triggerSavepoint(out + "/savepoints", fmt).get(120, TimeUnit.SECONDS);
+        String sp = savepoint(client, out + "/savepoints", fmt);
         client.cancel().get(60, TimeUnit.SECONDS);
         System.out.println("SNAPSHOT " + sp.replaceFirst("^file:", ""));
     }
@@ -406,10 +423,10 @@ public class RewriteHarness {
         JobClient client = env.executeAsync("sql-" + phase);
         long last = phase.equals("restore") ? 2L * n - 1 : n - 1;
         waitFor("record " + last, () -> Files.exists(Paths.get(marker + "-" + last)), client);
-        String sp = client.triggerSavepoint(out + "/savepoints", SavepointFormatType.CANONICAL).get(120, TimeUnit.SECONDS);
+        String sp = savepoint(client, out + "/savepoints", SavepointFormatType.CANONICAL);
         if (phase.equals("full")) {
             waitFor("record " + (2L * n - 1), () -> Files.exists(Paths.get(marker + "-" + (2L * n - 1))), client);
-            client.triggerSavepoint(out + "/savepoints", SavepointFormatType.CANONICAL).get(120, TimeUnit.SECONDS);
+            savepoint(client, out + "/savepoints", SavepointFormatType.CANONICAL);
         }
         client.cancel().get(60, TimeUnit.SECONDS);
         System.out.println("SNAPSHOT " + sp.replaceFirst("^file:", ""));

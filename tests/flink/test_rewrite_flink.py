@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +41,36 @@ class Harness:
         self.classpath = f"{classes}{os.pathsep}{lib}/*"
         self.work = work
 
-    def run(self, mode: str, **args: Any) -> str:
-        argv = ["java", "-cp", self.classpath, "RewriteHarness", mode]
-        for k, v in args.items():
-            argv += [f"--{k.replace('_', '-')}", str(v)]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
-        return done.stdout
+    def batch(
+        self, runs: dict[str, tuple[str, dict[str, Any]]], common: dict[str, Any] | None = None
+    ) -> dict[str, str]:
+        """Run every ``name -> (mode, args)`` (plus ``common`` args) in one JVM, in order; each
+        run's output by name."""
+        spec = self.work / f"batch-{len(list(self.work.glob('batch-*')))}.tsv"
+        lines = []
+        for name, (mode, args) in runs.items():
+            argv = [name, mode]
+            for k, v in {**(common or {}), **args}.items():
+                argv += [f"--{k.replace('_', '-')}", str(v)]
+            lines.append("\t".join(argv))
+        spec.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+        argv = ["java", "-cp", self.classpath, "RewriteHarness", "batch", str(spec)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+        out: dict[str, str] = {}
+        current = None
+        for line in done.stdout.splitlines():
+            if line.startswith("RUN "):
+                current = line[4:]
+                out[current] = ""
+            elif current is not None:
+                out[current] += line + "\n"
+        return out
 
-    def snapshot(self, mode: str, **args: Any) -> Path:
-        out = self.run(mode, **args)
-        line = next(x for x in out.splitlines() if x.startswith("SNAPSHOT "))
-        return Path(line.split(" ", 1)[1])
+
+def snapshot_of(output: str) -> Path:
+    line = next(x for x in output.splitlines() if x.startswith("SNAPSHOT "))
+    return Path(line.split(" ", 1)[1])
 
 
 @pytest.fixture(scope="session")
@@ -73,18 +91,195 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
 
 
 @pytest.fixture(scope="module")
-def hashmap_savepoint(harness: Harness) -> Path:
-    """A canonical savepoint of the DataStream job on hashmap, max parallelism 128, p 2."""
-    return harness.snapshot(
-        "produce", backend="hashmap", maxp=128, p=2, n=N, out=harness.work / "hm", kind="canonical"
+def sources(harness: Harness) -> dict[str, Path]:
+    """The source snapshots, all produced in one JVM: ``hm`` a canonical savepoint on hashmap,
+    ``rk`` a RocksDB incremental checkpoint (max parallelism 128, parallelism 2), ``sql`` a
+    canonical savepoint of the SQL job after N records; ``sql-full`` runs the SQL job on all 2N
+    records uninterrupted (its rows are the reference)."""
+    w = harness.work
+    common = {"maxp": 128, "p": 2, "n": N}
+    out = harness.batch(
+        {
+            "hm": ("produce", {"backend": "hashmap", "out": w / "hm", "kind": "canonical"}),
+            "rk": ("produce", {"backend": "rocksdb", "out": w / "rk", "kind": "checkpoint"}),
+            "sql": ("sql", {"backend": "hashmap", "out": w / "sql", "phase": "first"}),
+            "sql-full": ("sql", {"backend": "hashmap", "out": w / "sql-full", "phase": "full"}),
+        },
+        common,
     )
+    found = {name: snapshot_of(text) for name, text in out.items()}
+    found["sql-full-rows"] = w / "sql-full" / "rows"
+    return found
+
+
+@dataclass
+class Case:
+    """One rewrite: its report and output, the state that must come back, and what did."""
+
+    report: dict[str, Any]
+    out: Path
+    expected: dict[tuple[str, Any], dict[str, Any]]
+    timers: set[tuple[str, Any, int]]
+    got: dict[tuple[str, Any], dict[str, Any]] = field(default_factory=dict)
+    fired: set[tuple[str, Any, int]] = field(default_factory=set)
+
+
+@pytest.fixture(scope="module")
+def restored(harness: Harness, sources: dict[str, Path]) -> dict[str, Case]:
+    """Every rewrite of the tests, then all their restores in one JVM."""
+    w = harness.work / "restored"
+    cases: dict[str, Case] = {}
+    runs: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def datastream(name: str, src: Path, options: RewriteOptions, **args: Any) -> Case:
+        out = w / name / "savepoint"
+        report = rewrite_local(read_metadata(str(src)), options, None, str(out))
+        case = Case(report, out, state_by_key(src), timers_of(src))
+        cases[name] = case
+        return case
+
+    def probe(name: str, case: Case, **args: Any) -> None:
+        uid_str = args.get("uid_str", "agg-str")
+        keys = sorted(case.expected, key=repr)
+        probes = w / name / "keys.txt"
+        probes.write_text(
+            "".join(f"s:{k}\n" if uid == uid_str else f"l:{k}\n" for uid, k in keys),
+            encoding="utf-8",
+        )
+        runs[name] = ("restore", {
+            "from": case.out, "keys": probes, "dump": w / name / "dump", "n": N,
+            "expect": len(keys) + len(case.timers), **args,
+        })  # fmt: skip
+
+    hm, rk = sources["hm"], sources["rk"]
+    probe(
+        "rescale",
+        datastream("rescale", hm, RewriteOptions(max_parallelism=300, parallelism=3)),
+        backend="rocksdb", maxp=300, p=3,
+    )  # fmt: skip
+    probe(
+        "switch",
+        datastream("switch", rk, RewriteOptions(max_parallelism=256)),
+        backend="hashmap", maxp=256, p=2,
+    )  # fmt: skip
+    meta = read_metadata(str(hm))
+    stamps = sorted({e.expires_at for _, _, e in snapshot_entries(meta) if e.expires_at})
+    assert len(stamps) > 2, "the source job wrote its state over too short a time"
+    at = stamps[len(stamps) // 2]
+    ttl = datastream("ttl", hm, RewriteOptions(max_parallelism=200, ttl=TTL, at=at))
+    ttl.report["at"] = at
+    _expire(ttl, hm, at)
+    probe("ttl", ttl, backend="hashmap", maxp=200, p=2)
+    surgery = datastream(
+        "surgery",
+        hm,
+        RewriteOptions(
+            max_parallelism=150,
+            drop_states=("agg-str/merchants",),
+            uids={"agg-long": "agg-long-v2"},
+        ),
+    )
+    for (uid, _), row in surgery.expected.items():
+        if uid == "agg-str":
+            row["merchants"] = {}
+    rename = {"agg-long": "agg-long-v2"}
+    surgery.expected = {(rename.get(u, u), k): row for (u, k), row in surgery.expected.items()}
+    surgery.timers = {(rename.get(u, u), k, ts) for u, k, ts in surgery.timers}
+    probe(
+        "surgery", surgery, backend="rocksdb", maxp=150, p=2, uid_long="agg-long-v2",
+        allow_non_restored="true",
+    )  # fmt: skip
+    sql_out = w / "sql" / "savepoint"
+    report = rewrite_local(
+        read_metadata(str(sources["sql"])), RewriteOptions(max_parallelism=256), None, str(sql_out)
+    )
+    cases["sql"] = Case(report, sql_out, {}, set())
+    runs["sql"] = ("sql", {
+        "backend": "rocksdb", "maxp": 256, "p": 2, "n": N, "out": w / "sql" / "run",
+        "phase": "restore", "from": sql_out,
+    })  # fmt: skip
+    harness.batch(runs)
+    for name, case in cases.items():
+        if name != "sql":
+            case.got, case.fired = read_dump(w / name / "dump")
+    return cases
+
+
+TTL = {"lastSeen": 0, "seen": 0, "perMerchant": 0}
+
+
+def _expire(case: Case, src: Path, at: int) -> None:
+    """What TTL cleanup at ``at`` (TTL 0) leaves of the source's state."""
+    meta = read_metadata(str(src))
+    expired = 0
+    for _, _, e in snapshot_entries(meta):
+        if e.state in TTL and e.state != "seen" and (e.expires_at or 0) <= at:
+            row = case.expected[(_uid_of(e), e.key)]
+            if e.state == "lastSeen":
+                row["lastSeen"] = None
+            else:
+                del row["perMerchant"][e.user_key]
+            expired += 1
+    for k, elems in _ttl_elements(src, "seen").items():
+        case.expected[k]["seen"] = [v for v, ts in elems if ts > at]
+    assert expired > 0
+
+
+def _ttl_elements(snapshot: Path, state: str) -> dict[tuple[str, Any], list[tuple[int, int]]]:
+    """(uid, key) -> [(value, lastAccessTimestamp)] of every element of TTL list ``state``."""
+    meta = read_metadata(str(snapshot))
+    out: dict[tuple[str, Any], list[tuple[int, int]]] = {}
+    for op in meta.operators:
+        for st in op.subtasks:
+            kh = st.managed_keyed_state
+            if kh is None:
+                continue
+            header, _ = handle_header(kh, "ttl")
+            info = header.by_name().get(state)
+            if info is None:
+                continue
+            p = 1 if op.max_parallelism <= 128 else 2
+            for name, key, value in source_records(
+                kh, header, op.max_parallelism, kh.key_groups, "ttl"
+            ):
+                if name != state:
+                    continue
+                k = header.key_serializer.read(Buf(key, p))
+                buf = Buf(value)
+                elems = []
+                while buf.pos < buf.end:
+                    v = info.value_serializer.element.read(buf)  # type: ignore[attr-defined]
+                    elems.append((v.value, v.timestamp))
+                    if buf.pos < buf.end:
+                        buf.u8()
+                out[(op.uid, k)] = elems
+    return out
+
+
+def _uid_of(e: Any) -> str:
+    # String keys are agg-str's, Long keys agg-long's
+    return "agg-str" if isinstance(e.key, str) else "agg-long"
+
+
+def read_dump(
+    dump: Path,
+) -> tuple[dict[tuple[str, Any], dict[str, Any]], set[tuple[str, Any, int]]]:
+    state: dict[tuple[str, Any], dict[str, Any]] = {}
+    fired: set[tuple[str, Any, int]] = set()
+    for f in sorted(dump.glob("*.jsonl")):
+        uid = f.name.rsplit("-", 1)[0]
+        for line in f.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if "timer" in row:
+                fired.add((uid, row["key"], row["timer"]))
+                continue
+            key = row.pop("key")
+            assert (uid, key) not in state, f"{uid} {key!r} reported twice"
+            state[(uid, key)] = row
+    return state, fired
 
 
 # --- what went in ---
-
-
-def _key_text(key: Any) -> Any:
-    return key
 
 
 def state_by_key(snapshot: Path) -> dict[tuple[str, Any], dict[str, Any]]:
@@ -127,41 +322,6 @@ def timers_of(snapshot: Path) -> set[tuple[str, Any, int]]:
     return out
 
 
-def restore(
-    harness: Harness,
-    savepoint: Path,
-    name: str,
-    keys: list[tuple[str, Any]],
-    timers: int,
-    **args: Any,
-) -> tuple[dict[tuple[str, Any], dict[str, Any]], set[tuple[str, Any, int]]]:
-    """Restore ``savepoint`` into the job and ask it for the state of ``keys``."""
-    work = harness.work / name
-    work.mkdir()
-    probes = work / "keys.txt"
-    uid_str = args.get("uid_str", "agg-str")
-    lines = [f"s:{k}" if uid == uid_str else f"l:{k}" for uid, k in keys]
-    probes.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
-    dump = work / "dump"
-    harness.run(
-        "restore", keys=probes, dump=dump, expect=len(keys) + timers, n=N, **{"from": savepoint},
-        **args,
-    )  # fmt: skip
-    state: dict[tuple[str, Any], dict[str, Any]] = {}
-    fired: set[tuple[str, Any, int]] = set()
-    for f in sorted(dump.glob("*.jsonl")):
-        uid = f.name.rsplit("-", 1)[0]
-        for line in f.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            if "timer" in row:
-                fired.add((uid, row["key"], row["timer"]))
-                continue
-            key = row.pop("key")
-            assert (uid, key) not in state, f"{uid} {key!r} reported twice"
-            state[(uid, key)] = row
-    return state, fired
-
-
 def normal(rows: dict[tuple[str, Any], dict[str, Any]]) -> dict[tuple[str, Any], Any]:
     """Lists compared as multisets (a restored list keeps its elements, in backend order)."""
     out = {}
@@ -181,165 +341,52 @@ def empty_row() -> dict[str, Any]:
 
 
 def test_rescale_to_new_max_parallelism_restores_every_key_on_rocksdb(
-    harness: Harness, hashmap_savepoint: Path, tmp_path: Path
+    restored: dict[str, Case],
 ) -> None:
-    out = tmp_path / "rescaled"
-    report = rewrite_local(
-        read_metadata(str(hashmap_savepoint)),
-        RewriteOptions(max_parallelism=300, parallelism=3),
-        None,
-        str(out),
-    )
-    assert set(report["max_parallelism_changed"]) >= {"agg-str", "agg-long", "src", "sink"}
-    expected = state_by_key(hashmap_savepoint)
-    timers = timers_of(hashmap_savepoint)
-    assert len(expected) > 50 and len(timers) == len(expected)
+    case = restored["rescale"]
+    assert set(case.report["max_parallelism_changed"]) >= {"agg-str", "agg-long", "src", "sink"}
+    assert len(case.expected) > 50 and len(case.timers) == len(case.expected)
     # the rewritten keys sit in their new key groups (read back by the readers)
-    for op, _, e in snapshot_entries(read_metadata(str(out))):
+    for op, _, e in snapshot_entries(read_metadata(str(case.out))):
         assert e.key_group == assign_to_key_group(e.key, 300), (op.uid, e)
-    got, fired = restore(
-        harness, out, "rescale", sorted(expected, key=repr), len(timers),
-        backend="rocksdb", maxp=300, p=3,
-    )  # fmt: skip
-    assert normal(got) == normal(expected)
-    assert fired == timers
+    assert normal(case.got) == normal(case.expected)
+    assert case.fired == case.timers
 
 
 def test_rocksdb_incremental_checkpoint_written_canonical_restores_into_hashmap(
-    harness: Harness, tmp_path: Path
+    restored: dict[str, Case], sources: dict[str, Path]
 ) -> None:
-    chk = harness.snapshot(
-        "produce", backend="rocksdb", maxp=128, p=2, n=N, out=harness.work / "rk", kind="checkpoint"
-    )
-    meta = read_metadata(str(chk))
+    meta = read_metadata(str(sources["rk"]))
     assert meta.kind == "checkpoint"
-    assert {kh.type for op in meta.operators for st in op.subtasks for kh in st.keyed_handles} == {
-        "incremental"
-    }
-    out = tmp_path / "canonical"
-    rewrite_local(meta, RewriteOptions(max_parallelism=256), None, str(out))
-    written = read_metadata(str(out))
+    kinds = {kh.type for op in meta.operators for st in op.subtasks for kh in st.keyed_handles}
+    assert kinds == {"incremental"}
+    case = restored["switch"]
+    written = read_metadata(str(case.out))
     assert (written.kind, written.format) == ("savepoint", "canonical")
-    expected = state_by_key(chk)
-    timers = timers_of(chk)
-    got, fired = restore(
-        harness, out, "backend-switch", sorted(expected, key=repr), len(timers),
-        backend="hashmap", maxp=256, p=2,
-    )  # fmt: skip
-    assert normal(got) == normal(expected)
-    assert fired == timers
+    assert normal(case.got) == normal(case.expected)
+    assert case.fired == case.timers
 
 
-def _ttl_elements(snapshot: Path, state: str) -> dict[tuple[str, Any], list[tuple[int, int]]]:
-    """(uid, key) -> [(value, lastAccessTimestamp)] of every element of TTL list ``state``."""
-    meta = read_metadata(str(snapshot))
-    out: dict[tuple[str, Any], list[tuple[int, int]]] = {}
-    for op in meta.operators:
-        for st in op.subtasks:
-            kh = st.managed_keyed_state
-            if kh is None:
-                continue
-            header, _ = handle_header(kh, "ttl")
-            info = header.by_name().get(state)
-            if info is None:
-                continue
-            p = 1 if op.max_parallelism <= 128 else 2
-            for name, key, value in source_records(
-                kh, header, op.max_parallelism, kh.key_groups, "ttl"
-            ):
-                if name != state:
-                    continue
-                k = header.key_serializer.read(Buf(key, p))
-                buf = Buf(value)
-                elems = []
-                while buf.pos < buf.end:
-                    v = info.value_serializer.element.read(buf)  # type: ignore[attr-defined]
-                    elems.append((v.value, v.timestamp))
-                    if buf.pos < buf.end:
-                        buf.u8()
-                out[(op.uid, k)] = elems
-    return out
-
-
-def test_ttl_cleanup_drops_exactly_the_expired_entries(
-    harness: Harness, hashmap_savepoint: Path, tmp_path: Path
-) -> None:
-    meta = read_metadata(str(hashmap_savepoint))
-    stamps = sorted(
-        {e.expires_at for _, _, e in snapshot_entries(meta) if e.expires_at is not None}
-    )
-    assert len(stamps) > 2, "the source job wrote its state over too short a time"
-    at = stamps[len(stamps) // 2]
-    ttl = {"lastSeen": 0, "seen": 0, "perMerchant": 0}
-    out = tmp_path / "ttl"
-    rewrite_local(meta, RewriteOptions(max_parallelism=200, ttl=ttl, at=at), None, str(out))
-    expected = state_by_key(hashmap_savepoint)
-    elements = _ttl_elements(hashmap_savepoint, "seen")
-    expired_any = 0
-    for _, _, e in snapshot_entries(meta):
-        if e.state in ttl and e.state != "seen" and (e.expires_at or 0) <= at:
-            row = expected[(_uid_of(meta, e), e.key)]
-            if e.state == "lastSeen":
-                row["lastSeen"] = None
-            else:
-                del row["perMerchant"][e.user_key]
-            expired_any += 1
-    for k, elems in elements.items():
-        expected[k]["seen"] = [v for v, ts in elems if ts > at]
-    assert expired_any > 0
-    timers = timers_of(hashmap_savepoint)
-    got, fired = restore(
-        harness, out, "ttl", sorted(expected, key=repr), len(timers),
-        backend="hashmap", maxp=200, p=2,
-    )  # fmt: skip
-    assert normal(got) == normal(expected)
-    assert fired == timers
+def test_ttl_cleanup_drops_exactly_the_expired_entries(restored: dict[str, Case]) -> None:
+    case = restored["ttl"]
+    assert normal(case.got) == normal(case.expected)
+    assert case.fired == case.timers
     # a key whose TTL states all expired keeps no trace of them in the rewritten savepoint
-    back = state_by_key(out)
-    for k, row in expected.items():
-        if row["lastSeen"] is None and not row["seen"] and not row["perMerchant"]:
-            got_row = back.get(k, empty_row())
-            assert got_row["lastSeen"] is None and got_row["seen"] == [], k
-
-
-def _uid_of(meta: Any, e: Any) -> str:
-    # the state's operator: String keys are agg-str's, int keys agg-long's
-    return "agg-str" if isinstance(e.key, str) else "agg-long"
+    back = state_by_key(case.out)
+    gone = [k for k, row in case.expected.items() if row["lastSeen"] is None and not row["seen"]]
+    assert gone
+    for k in gone:
+        row = back.get(k, empty_row())
+        assert row["lastSeen"] is None and row["seen"] == [], k
 
 
 def test_dropped_state_and_changed_uid_restore_with_allow_non_restored_state(
-    harness: Harness, hashmap_savepoint: Path, tmp_path: Path
+    restored: dict[str, Case],
 ) -> None:
-    out = tmp_path / "surgery"
-    report = rewrite_local(
-        read_metadata(str(hashmap_savepoint)),
-        RewriteOptions(
-            max_parallelism=150,
-            drop_states=("agg-str/merchants",),
-            uids={"agg-long": "agg-long-v2"},
-        ),
-        None,
-        str(out),
-    )
-    assert report["uid_changes"] == {"agg-long": "agg-long-v2"}
-    expected = state_by_key(hashmap_savepoint)
-    for (uid, _), row in expected.items():
-        if uid == "agg-str":
-            row["merchants"] = {}
-    expected = {
-        (("agg-long-v2" if uid == "agg-long" else uid), k): row
-        for (uid, k), row in expected.items()
-    }
-    timers = {
-        ("agg-long-v2" if uid == "agg-long" else uid, k, ts)
-        for uid, k, ts in timers_of(hashmap_savepoint)
-    }
-    got, fired = restore(
-        harness, out, "surgery", sorted(expected, key=repr), len(timers),
-        backend="rocksdb", maxp=150, p=2, uid_long="agg-long-v2", allow_non_restored="true",
-    )  # fmt: skip
-    assert normal(got) == normal(expected)
-    assert fired == timers
+    case = restored["surgery"]
+    assert case.report["uid_changes"] == {"agg-long": "agg-long-v2"}
+    assert normal(case.got) == normal(case.expected)
+    assert case.fired == case.timers
 
 
 def _final_rows(directory: Path) -> dict[str, tuple[int, int]]:
@@ -356,24 +403,18 @@ def _final_rows(directory: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_flink_sql_group_by_rescaled_continues_as_an_uninterrupted_run(
-    harness: Harness, tmp_path: Path
+    restored: dict[str, Case], sources: dict[str, Path], harness: Harness
 ) -> None:
-    first = harness.snapshot(
-        "sql", backend="hashmap", maxp=128, p=2, n=N, out=harness.work / "sql1", phase="first"
+    case = restored["sql"]
+    assert (
+        "GroupAggregate" in " ".join(o["uid"] or "" for o in case.report["operators"])
+        or (case.report["max_parallelism_changed"])
     )
-    out = tmp_path / "sql-rescaled"
-    rewrite_local(read_metadata(str(first)), RewriteOptions(max_parallelism=256), None, str(out))
-    harness.run(
-        "sql", backend="rocksdb", maxp=256, p=2, n=N, out=harness.work / "sql2", phase="restore",
-        **{"from": out},
-    )  # fmt: skip
-    harness.run(
-        "sql", backend="hashmap", maxp=128, p=2, n=N, out=harness.work / "sql3", phase="full"
-    )
-    restored = _final_rows(harness.work / "sql2" / "rows")
-    uninterrupted = _final_rows(harness.work / "sql3" / "rows")
+    uninterrupted = _final_rows(sources["sql-full-rows"])
     assert sum(c for c, _ in uninterrupted.values()) == 2 * N
-    # the restored run's rows only cover keys seen after the restore; their totals count all
-    for k, v in restored.items():
+    restored_rows = _final_rows(harness.work / "restored" / "sql" / "run" / "rows")
+    # the restored run emits rows for the keys of its N records; each row's count and sum
+    # cover the N records before the savepoint too
+    assert len(restored_rows) > 10
+    for k, v in restored_rows.items():
         assert uninterrupted[k] == v, k
-    assert Counter(restored) and len(restored) > 10

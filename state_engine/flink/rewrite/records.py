@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import posixpath
 import struct
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -275,19 +274,20 @@ class _Copier:
     def __init__(self, store: FileStore, root: str) -> None:
         self.store, self.root = store, root
 
-    def stream(self, handle: md.StreamHandle | None) -> bytes:
+    def stream(self, handle: md.StreamHandle | None, name: str) -> bytes:
+        """The handle as written into the new ``_metadata``: inline as it was, or its bytes
+        copied into the directory as ``name`` (a retry writes the same name)."""
         if handle is None:
             return b"\x00"
         data = handle.read_bytes()
         if handle.type == md.INLINE:
             return _inline(handle.name, data)
-        name = f"op-{uuid.uuid4()}"
         with self.store.open_write(posixpath.join(self.root, name)) as f:
             f.write(data)
         return _relative(name, len(data))
 
 
-def _operator_handle(h: md.OperatorStateHandle, copier: _Copier) -> bytes:
+def _operator_handle(h: md.OperatorStateHandle, copier: _Copier, name: str) -> bytes:
     out = bytearray(b"\x04")
     out += _LEN.pack(len(h.states))
     for entry in h.states:
@@ -295,7 +295,7 @@ def _operator_handle(h: md.OperatorStateHandle, copier: _Copier) -> bytes:
         out += bytes([("SPLIT_DISTRIBUTE", "UNION", "BROADCAST").index(entry.mode)])
         out += _LEN.pack(len(entry.offsets))
         out += struct.pack(f">{len(entry.offsets)}q", *entry.offsets)
-    out += copier.stream(h.delegate)
+    out += copier.stream(h.delegate, name)
     return bytes(out)
 
 
@@ -342,12 +342,13 @@ def write_metadata(plan: RewritePlan, parts: Sequence[PartWritten], fs: Any, out
                 out += _LEN.pack(-index - 1)
                 continue
             out += _LEN.pack(index)
-            for oh in (st.managed_operator_state, st.raw_operator_state) if st else (None, None):
+            handles = (st.managed_operator_state, st.raw_operator_state) if st else (None, None)
+            for role, oh in zip(("managed", "raw"), handles, strict=True):
                 if oh is None:
                     out += _LEN.pack(0)
                 else:
                     out += _LEN.pack(1)
-                    out += _operator_handle(oh, copier)
+                    out += _operator_handle(oh, copier, f"op-{op.operator_id}-{index}-{role}")
             if index in my_parts:
                 pw = by_part[my_parts[index]]
                 kgr = plan.outputs[pw.part].key_groups

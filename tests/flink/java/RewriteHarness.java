@@ -15,8 +15,10 @@
 //   sql      --backend B --maxp M --p P --n N --out DIR --phase first|restore|full [--from DIR]
 //            A Flink SQL GROUP BY over the same gated source: "first" takes a canonical savepoint
 //            after N records, "restore" continues from one for N more, "full" runs all 2N
-//            records without interruption; the sink writes every changelog row to DIR.
+//            records without interruption; the sink writes every changelog row to DIR/rows.
 //   hash     reads "type:value" lines on stdin, prints each value's Java hashCode.
+//   batch FILE  runs each line of FILE ("NAME<TAB>mode<TAB>--arg<TAB>value...") in turn, in
+//            this one JVM; prints "RUN NAME" and "DONE NAME" around each run's own output.
 
 import org.apache.flink.api.common.eventtime.*;
 import org.apache.flink.api.common.functions.OpenContext;
@@ -85,11 +87,13 @@ public class RewriteHarness {
         public Txn() {}
     }
 
-    /** Index i < n: record i; in restore mode n <= i < n + probes: a probe; else nothing. */
+    /** Without probes: record i. With probes (restore mode): the j-th index after the first one
+     *  the restored source emits is the probe of key j (nothing past the last key). */
     public static class Gen implements GeneratorFunction<Long, Txn> {
         final int n, keys;
         final List<String> probes;
         final String marker;
+        transient Long first; // null until the first index (transient: not serialized)
         Gen(int n, int keys, List<String> probes, String marker) {
             this.n = n; this.keys = keys; this.probes = probes; this.marker = marker;
         }
@@ -100,7 +104,7 @@ public class RewriteHarness {
             if (marker != null && (i == n - 1 || i == 2L * n - 1)) {
                 Files.writeString(Paths.get(marker + "-" + i), "x");
             }
-            if (i < n || probes == null) {
+            if (probes == null) {
                 int k = (int) ((mix64(i) >>> 1) % keys);
                 t.card = card(k);
                 t.account = account(k);
@@ -109,19 +113,20 @@ public class RewriteHarness {
                 t.ts = 1000 + i;
                 return t;
             }
-            int j = (int) (i - n);
+            if (first == null) first = i;
+            long j = i - first;
             t.ts = PROBE_TS;
             t.card = "";
             t.account = Long.MIN_VALUE;
             t.merchant = "";
             if (j >= probes.size()) {
                 t.probe = 3;
-            } else if (probes.get(j).startsWith("s:")) {
+            } else if (probes.get((int) j).startsWith("s:")) {
                 t.probe = 1;
-                t.card = probes.get(j).substring(2);
+                t.card = probes.get((int) j).substring(2);
             } else {
                 t.probe = 2;
-                t.account = Long.parseLong(probes.get(j).substring(2));
+                t.account = Long.parseLong(probes.get((int) j).substring(2));
             }
             return t;
         }
@@ -293,9 +298,14 @@ public class RewriteHarness {
     }
 
     static DataStream<Txn> source(StreamExecutionEnvironment env, int n, List<String> probes, String marker, boolean watermarks) {
+        return source(env, n, n, probes, marker, watermarks);
+    }
+
+    /** The generator, emitting {@code gate} records per checkpoint (the first batch at once). */
+    static DataStream<Txn> source(StreamExecutionEnvironment env, int n, int gate, List<String> probes, String marker, boolean watermarks) {
         DataGeneratorSource<Txn> src = new DataGeneratorSource<>(
                 new Gen(n, Math.max(1, n / 4), probes, marker), 1_000_000_000L,
-                RateLimiterStrategy.perCheckpoint(n), TypeInformation.of(Txn.class));
+                RateLimiterStrategy.perCheckpoint(gate), TypeInformation.of(Txn.class));
         WatermarkStrategy<Txn> ws = watermarks
                 ? WatermarkStrategy.<Txn>forGenerator(c -> new WatermarkGenerator<Txn>() {
                     public void onEvent(Txn t, long ts, WatermarkOutput out) { if (t.probe != 0) out.emitWatermark(new Watermark(PROBE_TS)); }
@@ -313,21 +323,36 @@ public class RewriteHarness {
     }
 
     public static void main(String[] argv) throws Exception {
-        String mode = argv[0];
-        if (mode.equals("hash")) { hash(); return; }
-        Map<String, String> a = args(argv);
-        int p = Integer.parseInt(a.get("p"));
-        int maxp = Integer.parseInt(a.get("maxp"));
+        if (argv[0].equals("hash")) { hash(); return; }
         try {
-            if (mode.equals("produce")) produce(a, p, maxp);
-            else if (mode.equals("restore")) restore(a, p, maxp);
-            else if (mode.equals("sql")) sql(a, p, maxp);
-            else throw new IllegalArgumentException(mode);
+            if (argv[0].equals("batch")) {
+                // one run per line of the file: "NAME<TAB>mode<TAB>--arg<TAB>value...", in this JVM
+                for (String line : Files.readAllLines(Paths.get(argv[1]), StandardCharsets.UTF_8)) {
+                    if (line.isBlank()) continue;
+                    String[] f = line.split("\t");
+                    System.out.println("RUN " + f[0]);
+                    run(Arrays.copyOfRange(f, 1, f.length));
+                    System.out.println("DONE " + f[0]);
+                }
+            } else {
+                run(argv);
+            }
         } catch (Throwable e) {
             e.printStackTrace();
             System.exit(1); // the MiniCluster's threads would keep the JVM alive
         }
         System.exit(0);
+    }
+
+    static void run(String[] argv) throws Exception {
+        String mode = argv[0];
+        Map<String, String> a = args(argv);
+        int p = Integer.parseInt(a.get("p"));
+        int maxp = Integer.parseInt(a.get("maxp"));
+        if (mode.equals("produce")) produce(a, p, maxp);
+        else if (mode.equals("restore")) restore(a, p, maxp);
+        else if (mode.equals("sql")) sql(a, p, maxp);
+        else throw new IllegalArgumentException(mode);
     }
 
     static void produce(Map<String, String> a, int p, int maxp) throws Exception {
@@ -414,20 +439,18 @@ public class RewriteHarness {
         StreamTableEnvironment t = StreamTableEnvironment.create(env);
         String marker = out + "/marker";
         Files.createDirectories(Paths.get(out));
-        DataStream<Row> rows = source(env, n, null, marker, false)
+        // the uninterrupted run takes all 2N records in one gate cycle
+        DataStream<Row> rows = source(env, n, phase.equals("full") ? 2 * n : n, null, marker, false)
                 .map(x -> Row.of(x.card, x.amount), Types.ROW_NAMED(new String[] {"k", "v"}, Types.STRING, Types.LONG))
                 .uid("to-row");
         t.createTemporaryView("txn", t.fromDataStream(rows));
         Table agg = t.sqlQuery("SELECT k, COUNT(*) AS c, SUM(v) AS s FROM txn GROUP BY k");
         t.toChangelogStream(agg).addSink(new RowSink(out + "/rows")).uid("rows-sink").name("rows-sink");
         JobClient client = env.executeAsync("sql-" + phase);
-        long last = phase.equals("restore") ? 2L * n - 1 : n - 1;
+        long last = phase.equals("first") ? n - 1 : 2L * n - 1;
         waitFor("record " + last, () -> Files.exists(Paths.get(marker + "-" + last)), client);
+        // its barrier follows the last record: once complete, every row has been written
         String sp = savepoint(client, out + "/savepoints", SavepointFormatType.CANONICAL);
-        if (phase.equals("full")) {
-            waitFor("record " + (2L * n - 1), () -> Files.exists(Paths.get(marker + "-" + (2L * n - 1))), client);
-            savepoint(client, out + "/savepoints", SavepointFormatType.CANONICAL);
-        }
         client.cancel().get(60, TimeUnit.SECONDS);
         System.out.println("SNAPSHOT " + sp.replaceFirst("^file:", ""));
     }

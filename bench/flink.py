@@ -1,6 +1,6 @@
-"""Flink snapshots: import, keyed-state decoding and orphan cleanup against bare baselines.
+"""Flink snapshots: import, keyed-state decoding, orphan cleanup and rewrite against baselines.
 
-Three measurements, each against its baseline in the same run (ratios, not absolute times):
+Four measurements, each against its baseline in the same run (ratios, not absolute times):
 
 * import: ``import_flink`` of a generated Flink job directory (3 retained incremental checkpoints
   whose ``_metadata`` reference 10,000 shared files) into a fresh SQLite catalog, vs a bare
@@ -15,7 +15,19 @@ Three measurements, each against its baseline in the same run (ratios, not absol
   reading the same bytes through ``pyarrow.input_stream`` plus one ``struct`` unpack per record;
   reported in MB/s too, with the record-at-a-time reader's time for comparison (outside the
   timer, the tables are checked equal to that reader's entries);
-* orphan cleanup (dry run: plan only) over 100,000 files of that job directory, vs a bare listing.
+* orphan cleanup (dry run: plan only) over 100,000 files of that job directory, vs a bare listing;
+* rewrite: a generated canonical savepoint (the fixture job's states, max parallelism 256,
+  parallelism 8; ``--rewrite-mb`` of keyed state, 2,048 by default) rewritten to max parallelism
+  512 by the Spark job's data path, records/s vs the floor of a plain copy of its files plus
+  parsing its ``_metadata``; ``local[2]`` vs ``local[1]`` (rounds alternate the masters, a
+  session each); the peak resident memory of a PySpark worker (one task at a time) rewriting the
+  savepoint vs one of a quarter of its size. The output is read back by the existing readers
+  (every record, keys in their new key groups). ``in_process_s`` is ``rewrite_local`` without
+  Spark, for scale.
+
+``--quick`` is a smoke run (20,000 keys, 5,000 shared files, 20,000 files in the orphan tree, an
+8 MB savepoint, two rewrite rounds): fixed costs (the import's, a Spark job's) weigh more there, so
+those ratios are lower than at full size.
 
 The ``_metadata`` files are written here from the format (docs/flink-format.md §2) with the
 ``CheckpointProperties`` trailer and keyed-backend header copied from the real fixture archive
@@ -30,7 +42,9 @@ import argparse
 import json
 import os
 import random
+import shutil
 import struct
+import sys
 import tarfile
 import tempfile
 import time
@@ -418,14 +432,315 @@ def bench_orphans(fixtures: Path, work: Path, total_files: int, repeat: int) -> 
     }
 
 
+# --- rewrite of a canonical savepoint to a new max parallelism (on Spark) ---
+
+#: the generated savepoint: the fixture job (its ``agg`` operator's four states) at this max
+#: parallelism and parallelism, rewritten to REWRITE_TO_MAX_P
+REWRITE_FROM_MAX_P = 256
+REWRITE_TO_MAX_P = 512
+REWRITE_PARALLELISM = 8
+#: bytes of keyed state per key (its six records: total, lastSeen, three merchants, recent)
+_BYTES_PER_KEY = 330
+
+
+def _records_of(
+    key: bytes, ids: dict[str, int], rnd: random.Random
+) -> list[tuple[int, bytes, bytes]]:
+    """One key's records (state id, key without the key-group prefix, value) as the fixture's
+    states lay them out (the same shapes as :func:`canonical_stream`)."""
+    out = [
+        (ids["total"], key, struct.pack(">q", rnd.randrange(1, 10**6))),
+        (ids["lastSeen"], key, struct.pack(">qq", 1_795_485_260_770, rnd.randrange(10**12))),
+        (ids["recent"], key, b",".join(struct.pack(">q", rnd.randrange(20000)) for _ in range(5))),
+    ]
+    for m in rnd.sample(MERCHANTS, 3):
+        out.append((ids["merchants"], key + string_value(m), b"\x00" + struct.pack(">q", 7)))
+    return out
+
+
+def generate_savepoint(
+    fixtures: Path, out: Path, megabytes: float, seed: int = 7
+) -> dict[str, Any]:
+    """A canonical savepoint of the fixture job (``agg``: String keys, Long VALUE, TTL VALUE,
+    MAP<String, Long>, LIST<Long>) at max parallelism 256 and parallelism 8 holding about
+    ``megabytes`` MB of keyed state, its key groups Flink's for each key: the data files written
+    here record by record in Flink's canonical layout, ``_metadata`` by the savepoint writer."""
+    from state_engine.flink.metadata import read_metadata
+    from state_engine.flink.rewrite import PartWritten, RewriteOptions, plan_rewrite, write_metadata
+    from state_engine.keygroups import assign_to_key_groups
+
+    plan = plan_rewrite(
+        read_metadata(str(fixtures / HASHMAP_SP)),
+        RewriteOptions(parallelism=REWRITE_PARALLELISM, max_parallelism=REWRITE_FROM_MAX_P),
+    )
+    keys = max(int(megabytes * 1e6 / _BYTES_PER_KEY), 100)
+    names = [f"card-{i:09d}" for i in range(keys)]
+    groups = assign_to_key_groups(names, REWRITE_FROM_MAX_P)
+    by_kg: dict[int, list[bytes]] = {}
+    for name, kg in zip(names, groups.tolist(), strict=True):
+        by_kg.setdefault(kg, []).append(string_value(name) + b"\x00")  # VoidNamespace
+    del names, groups
+    rnd = random.Random(seed)
+    out.mkdir(parents=True)
+    parts, records, keyed_bytes = [], 0, 0
+    u16, i32 = struct.Struct(">H"), struct.Struct(">i")
+    for index, part in enumerate(plan.outputs):
+        op = plan.operators[part.op]
+        if not op.state_ids:
+            continue
+        ids = op.state_ids
+        offsets = [0] * len(part.key_groups)
+        with open(out / part.file_name, "wb") as f:
+            f.write(op.header)
+            pos = len(op.header)
+            for kg in part.key_groups:
+                recs = sorted(r for k in by_kg.get(kg, ()) for r in _records_of(k, ids, rnd))
+                if not recs:
+                    continue
+                prefix = kg.to_bytes(2, "big")
+                flagged = bytes([prefix[0] | 0x80]) + prefix[1:]
+                chunk = bytearray(u16.pack(recs[0][0]))
+                for i, (sid, key, value) in enumerate(recs):
+                    last = i + 1 == len(recs) or recs[i + 1][0] != sid
+                    k = (flagged if last else prefix) + key
+                    chunk += i32.pack(len(k)) + k + i32.pack(len(value)) + value
+                    if last:
+                        chunk += u16.pack(0xFFFF if i + 1 == len(recs) else recs[i + 1][0])
+                offsets[kg - part.key_groups.start] = pos
+                f.write(chunk)
+                pos += len(chunk)
+                records += len(recs)
+        keyed_bytes += pos
+        parts.append(PartWritten(index, part.file_name, pos, tuple(offsets)))
+    write_metadata(plan, parts, None, str(out))
+    return {"path": out, "records": records, "keys": keys, "bytes": keyed_bytes}
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def _spark_worker_peak_kib() -> dict[int, int]:
+    """Peak resident memory (VmHWM, KiB) of every PySpark worker process below this one: the
+    processes a ``pyspark.daemon`` forked (one task at a time each), not the daemon itself."""
+    parent, cmd = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd[int(entry)] = f.read()
+        except OSError:
+            continue
+        parent[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in mine and p not in mine}
+        mine |= more
+        grew = bool(more)
+    peaks = {}
+    for pid in mine:
+        if b"pyspark.daemon" in cmd.get(pid, b"") and b"pyspark.daemon" in cmd.get(
+            parent.get(pid, 0), b""
+        ):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    hwm = next(line for line in f if line.startswith("VmHWM:"))
+                peaks[pid] = int(hwm.split()[1])
+            except (OSError, StopIteration):
+                continue
+    return peaks
+
+
+class PeakSampler:
+    """The largest VmHWM of any PySpark worker while it runs (sampled every 0.1 s, so workers
+    that exit are counted too)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak_kib = max([self.peak_kib, *_spark_worker_peak_kib().values()])
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_kib = max([self.peak_kib, *_spark_worker_peak_kib().values()])
+
+
+def _rewrite_on_spark(spark: Any, source: Path, out: Path) -> tuple[float, int]:
+    """One new-max-parallelism rewrite of ``source`` into ``out`` by the Spark job's data path
+    (read tasks, shuffle to the new parts, one write task a part, ``_metadata`` last); the
+    seconds it took and the records written."""
+    from state_engine.flink.metadata import read_metadata
+    from state_engine.flink.rewrite import RewriteOptions, plan_rewrite
+    from state_engine.jobs.flink_rewrite import rewrite_on_spark
+    from state_engine.snapshot.storage import SnapshotDir
+
+    t = time.perf_counter()
+    plan = plan_rewrite(
+        read_metadata(str(source)), RewriteOptions(max_parallelism=REWRITE_TO_MAX_P)
+    )
+    snap = SnapshotDir.from_url(str(out), allow_shared=False)
+    data, _parts, rows = rewrite_on_spark(spark, plan, snap)
+    snap.commit_metadata(data)
+    return time.perf_counter() - t, sum(rows.values())
+
+
+def _check_rewritten(out: Path, records: int) -> None:
+    """The rewritten savepoint reads back (the existing readers) with every record, at the new
+    max parallelism, every key in its key group."""
+    from state_engine.flink.metadata import read_metadata
+    from state_engine.flink.snapshot_state import snapshot_entries
+    from state_engine.keygroups import assign_to_key_group
+
+    meta = read_metadata(str(out))
+    assert {op.max_parallelism for op in meta.operators} == {REWRITE_TO_MAX_P}, meta.operators
+    n = 0
+    for _op, _st, e in snapshot_entries(meta):
+        n += 1
+        if n % 997 == 0:
+            assert e.key_group == assign_to_key_group(e.key, REWRITE_TO_MAX_P), e
+    assert n == records, (n, records)
+
+
+def _rewrite_in_process(source: Path, out: Path) -> tuple[float, int]:
+    """The same rewrite in this process, without Spark (``rewrite_local``: every record in
+    memory; for scale only)."""
+    from state_engine.flink.metadata import read_metadata
+    from state_engine.flink.rewrite import RewriteOptions, rewrite_local
+
+    t = time.perf_counter()
+    report = rewrite_local(
+        read_metadata(str(source)), RewriteOptions(max_parallelism=REWRITE_TO_MAX_P), None, str(out)
+    )
+    return time.perf_counter() - t, int(report["records"])
+
+
+def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> dict[str, Any]:
+    """A canonical savepoint of ``megabytes`` (and one of a quarter of it) rewritten to a new
+    max parallelism on Spark ``local[1]`` and ``local[2]`` (rounds alternate the masters; best
+    of ``repeat``), vs the floor: a plain copy of its files plus parsing its ``_metadata``."""
+    from pyspark.sql import SparkSession
+
+    from state_engine.flink.metadata import read_metadata
+    from state_engine.jobs.spark import build_spark
+
+    t = time.perf_counter()
+    full = generate_savepoint(fixtures, work / "rewrite-full", megabytes)
+    quarter = generate_savepoint(fixtures, work / "rewrite-quarter", megabytes / 4, seed=8)
+    generate_s = time.perf_counter() - t
+    source: Path = full["path"]
+    files = [p for p in source.iterdir() if p.is_file()]
+    counter = iter(range(10_000))
+
+    def floor() -> Any:
+        copy = work / f"floor-{next(counter)}"
+        copy.mkdir()
+        for p in files:
+            shutil.copyfile(p, copy / p.name)
+        meta = read_metadata(str(copy))
+        return copy, meta
+
+    floors = []
+    for _ in range(repeat):
+        t_floor, (copy, _meta) = best(floor, 1)
+        floors.append(t_floor)
+        shutil.rmtree(copy)
+    t_floor = min(floors)
+    t_local, n_local = _rewrite_in_process(source, work / "in-process")
+    shutil.rmtree(work / "in-process")
+    assert n_local == full["records"], (n_local, full["records"])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    seconds: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
+    peak_kib: dict[str, int] = {}
+    for r in range(repeat):
+        for master in seconds:
+            spark = build_spark(master=master, name=f"bench-flink-rewrite-{master}")
+            spark.sparkContext.setLogLevel("ERROR")
+            try:
+                with PeakSampler() as sampler:  # warm-up: the JVM's and the workers' start
+                    _s, n_q = _rewrite_on_spark(
+                        spark, quarter["path"], work / f"q-{r}-{master[-2]}"
+                    )
+                quarter_kib = sampler.peak_kib
+                with PeakSampler() as sampler:
+                    t_rw, n = _rewrite_on_spark(spark, source, work / f"out-{r}-{master[-2]}")
+                seconds[master].append(t_rw)
+                print(f"rewrite round {r + 1} {master}: {t_rw:.2f} s, {n / t_rw:,.0f} records/s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                if master == "local[1]" and r == 0:
+                    # one task at a time: each worker's peak is one task's
+                    peak_kib = {"quarter": quarter_kib, "full": sampler.peak_kib}
+            finally:
+                spark.stop()
+                SparkSession._instantiatedSession = None  # the next master gets a new session
+            assert n == full["records"] and n_q == quarter["records"], (n, n_q)
+            if r == 0 and master == "local[2]":
+                _check_rewritten(work / f"out-{r}-{master[-2]}", full["records"])
+            for d in (work / f"q-{r}-{master[-2]}", work / f"out-{r}-{master[-2]}"):
+                shutil.rmtree(d, ignore_errors=True)
+    t1, t2 = min(seconds["local[1]"]), min(seconds["local[2]"])
+    records = full["records"]
+    return {
+        "records": records,
+        "keyed_bytes": full["bytes"],
+        "savepoint_bytes": _dir_bytes(source),
+        "from_max_parallelism": REWRITE_FROM_MAX_P,
+        "to_max_parallelism": REWRITE_TO_MAX_P,
+        "parallelism": REWRITE_PARALLELISM,
+        "generate_s": round(generate_s, 2),
+        "floor_s": round(t_floor, 4),
+        "floor_records_s": round(records / t_floor),
+        "local1_s": [round(x, 3) for x in seconds["local[1]"]],
+        "local2_s": [round(x, 3) for x in seconds["local[2]"]],
+        "rewrite_records_s": round(records / t2),
+        "in_process_s": round(t_local, 3),
+        "in_process_records_s": round(records / t_local),
+        "ratio": round(t_floor / t2, 4),
+        "local2_vs_local1": round(t1 / t2, 3),
+        "task_peak_mib": {k: round(v / 1024, 1) for k, v in peak_kib.items()},
+        "task_peak_full_vs_quarter": (
+            round(peak_kib["full"] / peak_kib["quarter"], 3) if peak_kib.get("quarter") else None
+        ),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixtures", type=Path, help="extracted flink-java-dev archive parent")
-    ap.add_argument("--keys", type=int, default=50_000, help="keys in the decoded stream")
-    ap.add_argument("--shared-files", type=int, default=10_000)
-    ap.add_argument("--orphan-files", type=int, default=100_000, help="files in the orphan tree")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="20,000 keys, 5,000 shared files, 20,000 files in the orphan tree",
+    )
+    ap.add_argument("--keys", type=int, help="keys in the decoded stream (50,000)")
+    ap.add_argument("--shared-files", type=int, help="shared files of the import (10,000)")
+    ap.add_argument("--orphan-files", type=int, help="files in the orphan tree (100,000)")
+    ap.add_argument(
+        "--rewrite-mb",
+        type=float,
+        help="MB of keyed state in the rewritten savepoint (2,048; 0: no rewrite measurement)",
+    )
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    quick = {"keys": 20_000, "shared_files": 5_000, "orphan_files": 20_000, "rewrite_mb": 8}
+    full = {"keys": 50_000, "shared_files": 10_000, "orphan_files": 100_000, "rewrite_mb": 2048}
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     with tempfile.TemporaryDirectory(prefix="bench-flink-") as tmp:
         work = Path(tmp)
         fixtures = args.fixtures
@@ -435,10 +750,18 @@ def main() -> None:
                 tar.extractall(fixtures, filter="data")
         results: dict[str, Any] = {"decode": bench_decode(fixtures, work, args.keys, args.repeat)}
         print(json.dumps({"decode": results["decode"]}), flush=True)
-        for name, fn, size in (
+        measurements: list[tuple[str, Callable[..., dict[str, Any]], Any]] = [
             ("import", bench_import, args.shared_files),
             ("orphan_cleanup", bench_orphans, args.orphan_files),
-        ):
+        ]
+        if args.rewrite_mb:
+            rounds = 2 if args.quick else args.repeat  # a round: a Spark session per master
+
+            def rewrite(fixtures: Path, work: Path, size: float, _repeat: int) -> dict[str, Any]:
+                return bench_rewrite(fixtures, work, size, rounds)
+
+            measurements.append(("rewrite", rewrite, args.rewrite_mb))
+        for name, fn, size in measurements:
             try:
                 results[name] = fn(fixtures, work, size, args.repeat)
             except Exception as exc:  # part A's APIs: report, do not hide the other numbers
@@ -453,7 +776,18 @@ def main() -> None:
         }
         for name in ("import", "decode", "orphan_cleanup")
     ]
+    rewrite = results.get("rewrite")
+    if rewrite is not None:
+        targets += [
+            {"name": "rewrite_new_max_parallelism_vs_copy_floor", "value": rewrite.get("ratio"),
+             "op": ">=", "target": 0.3},
+            {"name": "rewrite_local2_vs_local1", "value": rewrite.get("local2_vs_local1"),
+             "op": ">=", "target": 1.6},
+            {"name": "rewrite_task_peak_memory_full_vs_quarter",
+             "value": rewrite.get("task_peak_full_vs_quarter"), "op": "<=", "target": 1.2},
+        ]  # fmt: skip
     results["decode_mb_s"] = results["decode"]["decode_mb_s"]
+    results["quick"] = args.quick
     results["targets"] = targets
     print(json.dumps(results))
 

@@ -197,13 +197,16 @@ def run_maintenance(
                 emit_snapshot_event(context, flink_report, kind)
             return flink_report
     given = [name for name in FLINK_ONLY if merged.get(name)]
-    if given:
+    if given and _rewrites_flink(kind, merged):
+        given = []  # ttl_cleanup of a Flink job: its --ttl, as statectl's (jobs/flink_rewrite.py)
+    elif given:
         raise AirflowFailException(
             f"{kind} of job {merged.get('job')!r}: {' and '.join(given)} apply to snapshots of "
             "Flink jobs only (Statekeeper's own snapshots record their TTLs and types); leave "
             "them empty"
         )
-    merged = {k: v for k, v in merged.items() if k not in FLINK_ONLY}
+    if not _rewrites_flink(kind, merged):
+        merged = {k: v for k, v in merged.items() if k not in FLINK_ONLY}
     try:
         target = spark_target(conn_id)
     except SparkModeError as exc:
@@ -269,6 +272,15 @@ def log_restore(report: Mapping[str, Any]) -> None:
         log.info("%s", stats.get("message", "no rewrite needed"))
     for line in restore_lines(restore):
         (log.warning if line.startswith("warning:") else log.info)("%s", line)
+
+
+def _rewrites_flink(kind: str, params: Mapping[str, Any]) -> bool:
+    """Whether the run rewrites a Flink job's snapshot into a Flink savepoint."""
+    from state_engine.catalog import Catalog
+    from state_engine.flink.maintain import targets_flink
+
+    with Catalog.from_settings() as catalog:
+        return targets_flink(catalog, kind, params)
 
 
 def check_before_spark(kind: str, params: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:

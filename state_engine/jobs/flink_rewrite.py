@@ -40,7 +40,7 @@ from state_engine.flink.rewrite import (
 )
 from state_engine.jobs.spark_job import maintenance_job
 from state_engine.maintenance.output import output_snapshot
-from state_engine.maintenance.preflight import record_refusal
+from state_engine.maintenance.preflight import record_refusal, refused_job
 from state_engine.maintenance.run import JobResult, RunContext, RunTarget
 from state_engine.snapshot.storage import METADATA_FILE, FileStore, SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind
@@ -373,9 +373,11 @@ def check_before_spark(
     run_id: str | None = None,
     dag_id: str | None = None,
     airflow_run_id: str | None = None,
+    task_id: str | None = None,
 ) -> dict[str, Any]:
     """``params`` of a Flink rewrite checked (:func:`prepare`) with the input pinned, plus
-    ``_needs_spark``; a refusal is recorded as a FAILED run of the job and raised."""
+    ``_needs_spark``; a refusal is recorded as a FAILED run of the job and raised (one that
+    names no job the catalog knows is not a run: nothing is recorded)."""
     params = {k: v for k, v in params.items() if v is not None}
     earlier = None
     if run_id:
@@ -390,6 +392,8 @@ def check_before_spark(
     try:
         rewrite = prepare(catalog, kind, params, settings)
     except StatekeeperError as exc:
+        if refused_job(catalog, params)[0] is None:
+            raise
         record_refusal(
             catalog,
             kind,
@@ -398,6 +402,7 @@ def check_before_spark(
             str(exc),
             dag_id=dag_id,
             airflow_run_id=airflow_run_id,
+            task_id=task_id,
         )
         raise
     return {**params, "snapshot": rewrite.source.id, "_needs_spark": rewrite.plan.needs_rewrite}

@@ -247,6 +247,18 @@ def check_inputs(
     return params
 
 
+def refused_job(catalog: Catalog, params: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The job and input snapshot a refused run's params name, where the catalog knows them."""
+    job = _known_job(catalog, params.get("job"))
+    snapshot_id = None
+    with contextlib.suppress(StatekeeperError, KeyError, TypeError, ValueError):
+        record = catalog.get_snapshot(int(params["snapshot"]))
+        snapshot_id = record.id
+        # a snapshot id alone names its job: the refusal belongs on that job's page too
+        job = job or (record.job if params.get("job") is None else None)
+    return job, snapshot_id
+
+
 def record_refusal(
     catalog: Catalog,
     kind: str,
@@ -259,13 +271,7 @@ def record_refusal(
     task_id: str | None = None,
 ) -> None:
     """Record run ``run_id`` FAILED with ``reason``, with its job when the catalog knows it."""
-    job = _known_job(catalog, params.get("job"))
-    snapshot_id = None
-    with contextlib.suppress(StatekeeperError, KeyError, TypeError, ValueError):
-        record = catalog.get_snapshot(int(params["snapshot"]))
-        snapshot_id = record.id
-        # a snapshot id alone names its job: the refusal belongs on that job's page too
-        job = job or (record.job if params.get("job") is None else None)
+    job, snapshot_id = refused_job(catalog, params)
     # best effort: a run id already bound to another job keeps its own record
     with contextlib.suppress(StatekeeperError):
         catalog.start_run(

@@ -32,7 +32,7 @@ from state_engine.flink.rewrite import RewriteOptions, RewritePlan, RewriteRefus
 from state_engine.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from state_engine.maintenance.job_storage import storage_for
 from state_engine.maintenance.output import OutputSnapshot
-from state_engine.maintenance.preflight import allowed_roots
+from state_engine.maintenance.preflight import allowed_roots, whole_number
 from state_engine.snapshot.storage import FileStore, SnapshotDir, canonical_url
 from state_engine.snapshot_enums import SnapshotStatus
 
@@ -108,19 +108,6 @@ def _pairs(items: Any, what: str, example: str) -> list[tuple[str, str]]:
     return out
 
 
-def _whole(value: Any, what: str, low: int, high: int | None = None) -> int:
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        number = int(value)
-    except (TypeError, ValueError):
-        raise InvalidJobParams(f"{what} {value!r} is not a whole number") from None
-    if number < low or (high is not None and number > high):
-        bound = f"between {low} and {high}" if high is not None else f"of at least {low}"
-        raise InvalidJobParams(f"{what} {number} is out of range: use a number {bound}")
-    return number
-
-
 def _names(items: Any) -> tuple[str, ...]:
     if items is None:
         return ()
@@ -133,7 +120,7 @@ def rewrite_options(kind: str, params: Mapping[str, Any]) -> RewriteOptions:
     """The writer's options of a ``kind`` run's params; bad values refused with one line."""
     ttl = {}
     for state, ms in _pairs(params.get("ttl"), "--ttl", "STATE=MS, e.g. lastSeen=3600000"):
-        ttl[state] = _whole(ms, f"the TTL of state {state!r} (ms)", 1)
+        ttl[state] = whole_number(ms, f"the TTL of state {state!r} (ms)", 1)
     uids = dict(_pairs(params.get("uid"), "--uid", "OLD=NEW, e.g. agg=aggregate-v2"))
     parallelism = params.get("parallelism")
     max_p = params.get("max_parallelism")
@@ -145,15 +132,15 @@ def rewrite_options(kind: str, params: Mapping[str, Any]) -> RewriteOptions:
             "(repeatable; a Flink snapshot does not store the TTL)"
         )
     if max_p is not None:
-        max_p = _whole(max_p, "max_parallelism", 1, UPPER_BOUND_MAX_PARALLELISM)
+        max_p = whole_number(max_p, "max_parallelism", 1, UPPER_BOUND_MAX_PARALLELISM)
     if parallelism is not None:
-        parallelism = _whole(parallelism, "parallelism", 1, UPPER_BOUND_MAX_PARALLELISM)
+        parallelism = whole_number(parallelism, "parallelism", 1, UPPER_BOUND_MAX_PARALLELISM)
     at = params.get("at")
     return RewriteOptions(
         parallelism=parallelism,
         max_parallelism=max_p,
         ttl=ttl,
-        at=None if at is None else _whole(at, "--at (epoch ms)", 0),
+        at=None if at is None else whole_number(at, "--at (epoch ms)", 0),
         drop_states=_names(params.get("drop_state")),
         drop_operators=_names(params.get("drop_operator")),
         uids=uids,
@@ -183,7 +170,7 @@ def _source(catalog: Catalog, kind: str, params: Mapping[str, Any]) -> SnapshotR
             f"Flink job {job!r} has no COMPLETED Flink snapshot to {kind.replace('_', ' ')}; "
             f"import its directories with `statectl flink import PATH --job {job}`"
         )
-    snapshot_id = _whole(params["snapshot"], "snapshot id", 1, (1 << 63) - 1)
+    snapshot_id = whole_number(params["snapshot"], "snapshot id", 1, (1 << 63) - 1)
     try:
         record = catalog.get_snapshot(snapshot_id)
     except NoSuchSnapshot:

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from state_engine.catalog import Catalog
 from state_engine.config import Settings
-from state_engine.errors import InvalidSnapshotPath, NoSuchRun, StatekeeperError
+from state_engine.errors import InvalidSnapshotPath, StatekeeperError
 from state_engine.flink.maintain import (
     FlinkRewrite,
     commit_savepoint,
@@ -40,7 +40,7 @@ from state_engine.flink.rewrite import (
 )
 from state_engine.jobs.spark_job import maintenance_job
 from state_engine.maintenance.output import output_snapshot
-from state_engine.maintenance.preflight import record_refusal, refused_job
+from state_engine.maintenance.preflight import earlier_run, record_refusal, refused_job
 from state_engine.maintenance.run import JobResult, RunContext, RunTarget
 from state_engine.snapshot.storage import METADATA_FILE, FileStore, SnapshotDir
 from state_engine.snapshot_enums import SnapshotKind
@@ -379,12 +379,7 @@ def check_before_spark(
     ``_needs_spark``; a refusal is recorded as a FAILED run of the job and raised (one that
     names no job the catalog knows is not a run: nothing is recorded)."""
     params = {k: v for k, v in params.items() if v is not None}
-    earlier = None
-    if run_id:
-        try:
-            earlier = catalog.get_run(run_id)
-        except NoSuchRun:
-            earlier = None
+    earlier = earlier_run(catalog, run_id)
     if earlier is not None and earlier.input_snapshot_id is not None:
         params.setdefault("snapshot", earlier.input_snapshot_id)
     if earlier is not None and earlier.status == "SUCCEEDED":

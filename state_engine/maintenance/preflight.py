@@ -69,7 +69,8 @@ def is_argument_error(exc: BaseException) -> bool:
     return isinstance(exc, ARGUMENT_ERRORS)
 
 
-def _earlier(catalog: Catalog, run_id: str | None) -> RunRecord | None:
+def earlier_run(catalog: Catalog, run_id: str | None) -> RunRecord | None:
+    """The catalog's record of run ``run_id`` (an earlier attempt), or None."""
     if not run_id:
         return None
     try:
@@ -80,7 +81,7 @@ def _earlier(catalog: Catalog, run_id: str | None) -> RunRecord | None:
 
 def pinned_snapshot(catalog: Catalog, run_id: str | None) -> int | None:
     """The input snapshot an earlier attempt of ``run_id`` recorded, if any."""
-    earlier = _earlier(catalog, run_id)
+    earlier = earlier_run(catalog, run_id)
     return None if earlier is None else earlier.input_snapshot_id
 
 
@@ -93,7 +94,8 @@ def _known_job(catalog: Catalog, job: Any) -> str | None:
         return None
 
 
-def _int(value: Any, what: str, low: int, high: int | None = None) -> int:
+def whole_number(value: Any, what: str, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``low..high``; an InvalidJobParams line saying what to use."""
     try:
         if isinstance(value, bool):
             raise ValueError
@@ -118,7 +120,7 @@ def _input_snapshot(catalog: Catalog, kind: str, params: dict[str, Any]) -> Snap
                 f"snapshots with `statectl snapshots {job}`"
             )
         return latest
-    snapshot_id = _int(params["snapshot"], "snapshot id", 1, (1 << 63) - 1)
+    snapshot_id = whole_number(params["snapshot"], "snapshot id", 1, (1 << 63) - 1)
     try:
         record = catalog.get_snapshot(snapshot_id)
     except NoSuchSnapshot:
@@ -168,8 +170,10 @@ def _check_parallelism(params: dict[str, Any], record: SnapshotRecord) -> None:
         raise InvalidJobParams("rescale needs the new parallelism: --parallelism N")
     new_max = record.max_parallelism
     if params.get("max_parallelism") is not None:
-        new_max = _int(params["max_parallelism"], "max_parallelism", 1, UPPER_BOUND_MAX_PARALLELISM)
-    p = _int(params["parallelism"], "parallelism", 1)
+        new_max = whole_number(
+            params["max_parallelism"], "max_parallelism", 1, UPPER_BOUND_MAX_PARALLELISM
+        )
+    p = whole_number(params["parallelism"], "parallelism", 1)
     if p > new_max:
         raise InvalidJobParams(
             f"parallelism {p} is above the max parallelism {new_max} of job {record.job!r}: a "
@@ -305,7 +309,7 @@ def check_before_spark(
     """
     settings = settings or Settings.from_env()
     params = dict(params)
-    earlier = _earlier(catalog, run_id)
+    earlier = earlier_run(catalog, run_id)
     pinned = None if earlier is None else earlier.input_snapshot_id
     if kind in READS and params.get("snapshot") is None and pinned is not None:
         params["snapshot"] = pinned

@@ -327,3 +327,44 @@ def test_compressed_snapshots_are_written_uncompressed_and_read_back_equal(tmp_p
         out = tmp_path / f"o{i}"
         rewrite_local(meta, RewriteOptions(max_parallelism=129), None, str(out))
         assert _entries(read_metadata(str(out))) == _entries(meta), src
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        RewriteOptions(max_parallelism=300, parallelism=3),
+        RewriteOptions(max_parallelism=100, ttl={"lastSeen": 10}, at=1 << 62),
+        RewriteOptions(ttl={"lastSeen": 10}, drop_states=("merchants",)),
+    ],
+)
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+def test_the_vectorised_read_writes_the_bytes_the_record_by_record_read_writes(
+    flink_fixtures: FlinkFixtures,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    options: RewriteOptions,
+) -> None:
+    from state_engine.flink.rewrite import plan as plan_module
+    from state_engine.flink.rewrite import records
+
+    src = next(
+        p
+        for p in sorted(flink_fixtures.java_savepoints(backend).iterdir())
+        if read_metadata(str(p)).format == "canonical"
+    )
+    meta = read_metadata(str(src))
+    rewrite_local(meta, options, None, str(tmp_path / "fast"))
+    tasks = len(plan_rewrite(meta, options).read_tasks)
+    # read tasks of a few key groups each: the same bytes
+    monkeypatch.setattr(plan_module, "TASK_BYTES", 64)
+    assert len(plan_rewrite(meta, options).read_tasks) > tasks
+    rewrite_local(meta, options, None, str(tmp_path / "split"))
+    monkeypatch.setattr(records, "_vectorised", lambda kh, header: False)
+    rewrite_local(meta, options, None, str(tmp_path / "slow"))
+    names = sorted(p.name for p in (tmp_path / "slow").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "fast").iterdir())
+    for name in names:
+        slow = (tmp_path / "slow" / name).read_bytes()
+        assert (tmp_path / "fast" / name).read_bytes() == slow, name
+        assert (tmp_path / "split" / name).read_bytes() == slow, name

@@ -121,12 +121,7 @@ def read_records(plan: RewritePlan, task: ReadTask, fs: Any = None) -> Iterator[
         for name, sid in op.state_ids.items()
         if op.ttl_kinds.get(sid) == "list"
     }
-    if (
-        kh.type == md.SAVEPOINT_KEY_GROUPS
-        and not header.compression
-        and kh.delegate is not None
-        and len(kh.offsets) == len(kh.key_groups)
-    ):
+    if _vectorised(kh, header):
         yield from _fast_records(plan, task, kh, header, part_of, list_elements, where)
         return
     at = plan.at
@@ -169,6 +164,16 @@ def read_records(plan: RewritePlan, task: ReadTask, fs: Any = None) -> Iterator[
             parts, groups, states, keys, values = [], [], [], [], []
     if keys:
         yield _batch(parts, groups, states, keys, values)
+
+
+def _vectorised(kh: md.KeyedStateHandle, header: ProxyHeader) -> bool:
+    """Whether :func:`_fast_records` reads ``kh`` (a canonical uncompressed handle)."""
+    return (
+        kh.type == md.SAVEPOINT_KEY_GROUPS
+        and not header.compression
+        and kh.delegate is not None
+        and len(kh.offsets) == len(kh.key_groups)
+    )
 
 
 def _fast_records(

@@ -100,7 +100,7 @@ class OutputStore(FileStore):
     :attr:`metadata` until the catalog knows every file it references."""
 
     def __init__(self, snap: SnapshotDir) -> None:
-        super().__init__(snap.fs)
+        super().__init__(snap.store.filesystem)
         self.snap = snap
         self.metadata: bytes | None = None
 

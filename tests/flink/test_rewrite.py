@@ -5,6 +5,7 @@ refusal that depends on the snapshot names what was wrong and writes nothing."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import struct
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from state_engine.flink.rewrite import (
     RewriteOptions,
     RewriteRefused,
     plan_rewrite,
+    read_records,
     rewrite_local,
     write_metadata,
     write_part,
@@ -368,3 +370,23 @@ def test_the_vectorised_read_writes_the_bytes_the_record_by_record_read_writes(
         slow = (tmp_path / "slow" / name).read_bytes()
         assert (tmp_path / "fast" / name).read_bytes() == slow, name
         assert (tmp_path / "split" / name).read_bytes() == slow, name
+
+
+def test_a_plan_travels_to_spark_tasks_by_pickle(flink_fixtures: FlinkFixtures) -> None:
+    meta = read_metadata(str(flink_fixtures.java_job("rocksdb") / "chk-11"))
+    plan = plan_rewrite(meta, RewriteOptions(max_parallelism=300))
+    copy = pickle.loads(pickle.dumps(plan))
+    rows = [sum(b.num_rows for b in read_records(p, p.read_tasks[0])) for p in (plan, copy)]
+    assert rows[0] == rows[1] > 0
+
+
+def test_dropping_an_operators_state_keeps_the_operator_without_keyed_state(
+    canonical: FlinkSnapshotMetadata, tmp_path: Path
+) -> None:
+    report = rewrite_local(canonical, RewriteOptions(drop_operators=("agg",)), None, str(tmp_path))
+    assert report["dropped_operators"] == ["agg"]
+    out = read_metadata(str(tmp_path))
+    agg = out.operator("agg")
+    assert agg.parallelism == canonical.operator("agg").parallelism
+    assert not agg.has_keyed_state
+    assert list(snapshot_entries(out)) == []

@@ -629,20 +629,24 @@ def _rewrite_in_process(source: Path, out: Path) -> tuple[float, int]:
     return time.perf_counter() - t, int(report["records"])
 
 
-def _spark_floor(spark: Any, source: Path, out: Path, records: int) -> float:
+def _spark_floor(
+    spark: Any, source: Path, out: Path, records: int, run_bytes: int | None = None
+) -> float:
     """The Spark floor: the source's keyed files pushed through the rewrite job's pipeline shape
     (mapInArrow reading raw byte slices, one row a record, repartition by part,
     sortWithinPartitions, one file written per partition) without any Flink decoding; the
-    seconds it took."""
+    seconds it took. ``run_bytes``: one row per slice of that many bytes instead (what a
+    shuffle of key-group runs rather than of records would move)."""
     import numpy as np
 
     files = sorted(p for p in source.iterdir() if p.is_file() and p.name != "_metadata")
     sizes = [p.stat().st_size for p in files]
     total = sum(sizes)
-    tasks = [
-        (str(p), size, max(1, round(records * size / total)))
-        for p, size in zip(files, sizes, strict=True)
-    ]
+
+    def rows_of(size: int) -> int:
+        return max(1, round(records * size / total) if run_bytes is None else size // run_bytes)
+
+    tasks = [(str(p), size, rows_of(size)) for p, size in zip(files, sizes, strict=True)]
     parts = REWRITE_PARALLELISM
     partitions = max(1, min(parts, spark.sparkContext.defaultParallelism * 2))
     schema = pa.schema(
@@ -746,6 +750,7 @@ def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     seconds: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
     spark_floor: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
+    spark_runs: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
     peak_kib: dict[str, int] = {}
     for r in range(repeat):
         for master in seconds:
@@ -762,6 +767,11 @@ def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> 
                 seconds[master].append(t_rw)
                 t_sf = _spark_floor(spark, source, work / f"sf-{r}-{master[-2]}", full["records"])
                 spark_floor[master].append(t_sf)
+                t_runs = _spark_floor(
+                    spark, source, work / f"sr-{r}-{master[-2]}", full["records"], 64 << 10
+                )
+                spark_runs[master].append(t_runs)
+                shutil.rmtree(work / f"sr-{r}-{master[-2]}", ignore_errors=True)
                 shutil.rmtree(work / f"sf-{r}-{master[-2]}", ignore_errors=True)
                 print(f"rewrite round {r + 1} {master}: {t_rw:.2f} s, {n / t_rw:,.0f} records/s",
                       file=sys.stderr, flush=True)  # fmt: skip
@@ -802,6 +812,9 @@ def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> 
         "spark_floor_records_s": round(records / min(spark_floor["local[2]"])),
         "spark_floor_vs_copy_floor": round(t_floor / min(spark_floor["local[2]"]), 4),
         "rewrite_vs_spark_floor": round(min(spark_floor["local[2]"]) / t2, 4),
+        # the same with one row per 64 KB slice (a shuffle of key-group runs, not records)
+        "spark_floor_64k_rows_local2_s": [round(x, 3) for x in spark_runs["local[2]"]],
+        "spark_floor_64k_rows_vs_copy_floor": round(t_floor / min(spark_runs["local[2]"]), 4),
         "task_peak_full_vs_quarter": (
             round(peak_kib["full"] / peak_kib["quarter"], 3) if peak_kib.get("quarter") else None
         ),

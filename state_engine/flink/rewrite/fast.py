@@ -16,6 +16,7 @@ from state_engine.errors import FlinkStateError
 from state_engine.flink import metadata as md
 from state_engine.flink.keyed_state import END_OF_KEY_GROUP_MARK, META_DATA_FOLLOWS_FLAG
 from state_engine.flink.metadata import KeyedStateHandle
+from state_engine.flink.rewrite.keys import BINARY_ROW
 from state_engine.hashing import murmur_hash_array
 from state_engine.keygroups import KeyGroupRange
 
@@ -214,7 +215,51 @@ def scalar_codes(
                 count = np.where(ok, count, 0)
         codes = _polynomial(arr, starts, count)
         return codes, ok
+    if kind == BINARY_ROW:
+        return _binary_row_codes(arr, at, limit)
     return np.zeros(n, dtype=np.int32), np.zeros(n, dtype=bool)
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def _mix(h1: np.ndarray, k1: np.ndarray) -> np.ndarray:
+    k1 = _rotl(k1 * np.uint32(0xCC9E2D51), 15) * np.uint32(0x1B873593)
+    return _rotl(h1 ^ k1, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+
+
+def _binary_row_codes(
+    arr: np.ndarray, at: np.ndarray, limit: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``BinaryRowData.hashCode`` of rows written as ``i32`` length + bytes (see
+    :func:`~state_engine.flink.rewrite.keys.binary_row_hash`), rows of one length at a time."""
+    n = len(at)
+    codes = np.zeros(n, dtype=np.uint32)
+    ok = at + 4 <= limit
+    safe = np.where(ok, at, 0)
+    length = arr[safe[:, None] + np.arange(4)].copy().view(">i4").ravel().astype(np.int64)
+    ok &= (length >= 0) & (at + 4 + length <= limit)
+    length = np.where(ok, length, -1)
+    with np.errstate(over="ignore"):
+        for size in np.unique(length[ok]).tolist():
+            rows = np.flatnonzero(length == size)
+            body = arr[(at[rows] + 4)[:, None] + np.arange(size, dtype=np.int64)]
+            h1 = np.full(len(rows), 42, dtype=np.uint32)
+            aligned = size - size % 4
+            words = np.ascontiguousarray(body[:, :aligned]).view("<u4")
+            for j in range(aligned // 4):
+                h1 = _mix(h1, words[:, j])
+            for j in range(aligned, size):
+                h1 = _mix(h1, body[:, j].view(np.int8).astype(np.int32).view(np.uint32))
+            h1 ^= np.uint32(size)
+            h1 ^= h1 >> np.uint32(16)
+            h1 *= np.uint32(0x85EBCA6B)
+            h1 ^= h1 >> np.uint32(13)
+            h1 *= np.uint32(0xC2B2AE35)
+            h1 ^= h1 >> np.uint32(16)
+            codes[rows] = h1
+    return codes.view(np.int32), ok
 
 
 def new_groups(codes: np.ndarray, max_parallelism: int) -> np.ndarray:

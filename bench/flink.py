@@ -629,6 +629,90 @@ def _rewrite_in_process(source: Path, out: Path) -> tuple[float, int]:
     return time.perf_counter() - t, int(report["records"])
 
 
+def _spark_floor(
+    spark: Any, source: Path, out: Path, records: int, run_bytes: int | None = None
+) -> float:
+    """The Spark floor: the source's keyed files pushed through the rewrite job's pipeline shape
+    (mapInArrow reading raw byte slices, one row a record, repartition by part,
+    sortWithinPartitions, one file written per partition) without any Flink decoding; the
+    seconds it took. ``run_bytes``: one row per slice of that many bytes instead (what a
+    shuffle of key-group runs rather than of records would move)."""
+    import numpy as np
+
+    files = sorted(p for p in source.iterdir() if p.is_file() and p.name != "_metadata")
+    sizes = [p.stat().st_size for p in files]
+    total = sum(sizes)
+
+    def rows_of(size: int) -> int:
+        return max(1, round(records * size / total) if run_bytes is None else size // run_bytes)
+
+    tasks = [(str(p), size, rows_of(size)) for p, size in zip(files, sizes, strict=True)]
+    parts = REWRITE_PARALLELISM
+    partitions = max(1, min(parts, spark.sparkContext.defaultParallelism * 2))
+    schema = pa.schema(
+        [("part", pa.int32()), ("key_group", pa.int32()), ("state", pa.int16()),
+         ("key", pa.binary()), ("value", pa.binary())]
+    )  # fmt: skip
+    out.mkdir(parents=True)
+    target = str(out)
+
+    def read(batches: Any) -> Any:
+        for b in batches:
+            for t in b.column(0).to_pylist():
+                path, size, rows = tasks[int(t)]
+                with open(path, "rb") as f:
+                    data = f.read()
+                cut = np.linspace(0, size, rows + 1).astype(np.int32)
+                keys = pa.Array.from_buffers(
+                    pa.binary(), rows, [None, pa.py_buffer(cut), pa.py_buffer(data)]
+                )
+                mix = (np.arange(rows, dtype=np.uint64) + np.uint64(t << 32)) * np.uint64(
+                    0x9E3779B97F4A7C15
+                )
+                kg = (mix >> np.uint64(40)) % np.uint64(REWRITE_TO_MAX_P)
+                part = (kg * np.uint64(parts)) // np.uint64(REWRITE_TO_MAX_P)
+                nothing = [None, pa.py_buffer(np.zeros(rows + 1, np.int32)), pa.py_buffer(b"")]
+                batch = pa.RecordBatch.from_arrays(
+                    [pa.array(part.astype(np.int32)), pa.array(kg.astype(np.int32)),
+                     pa.array(np.zeros(rows, np.int16)), keys,
+                     pa.Array.from_buffers(pa.binary(), rows, nothing)],
+                    schema=schema,
+                )  # fmt: skip
+                for lo in range(0, rows, 1 << 15):
+                    yield batch.slice(lo, 1 << 15)
+
+    def write(batches: Any) -> Any:
+        files: dict[int, Any] = {}
+        n = 0
+        for b in batches:
+            ps = b.column("part").to_numpy()
+            keys = b.column("key")
+            for p in np.unique(ps).tolist():
+                if p not in files:
+                    files[p] = open(os.path.join(target, f"part-{p}"), "wb")  # noqa: SIM115
+                chunk = keys.filter(pa.array(ps == p))
+                off = chunk.offset
+                body = chunk.buffers()[2]
+                o = np.frombuffer(chunk.buffers()[1], np.int32)
+                files[p].write(memoryview(body)[o[off] : o[off + len(chunk)]])
+            n += b.num_rows
+        for f in files.values():
+            f.close()
+        yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["rows"])
+
+    t = time.perf_counter()
+    shuffled = (
+        spark.range(0, len(tasks), 1, len(tasks))
+        .mapInArrow(read, "part int, key_group int, state smallint, key binary, value binary")
+        .repartition(partitions, "part")
+        .sortWithinPartitions("part", "key_group", "state", "key")
+    )
+    rows = sum(r["rows"] for r in shuffled.mapInArrow(write, "rows long").collect())
+    elapsed = time.perf_counter() - t
+    assert rows == sum(x[2] for x in tasks), rows
+    return elapsed
+
+
 def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> dict[str, Any]:
     """A canonical savepoint of ``megabytes`` (and one of a quarter of it) rewritten to a new
     max parallelism on Spark ``local[1]`` and ``local[2]`` (rounds alternate the masters; best
@@ -665,6 +749,8 @@ def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> 
     assert n_local == full["records"], (n_local, full["records"])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     seconds: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
+    spark_floor: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
+    spark_runs: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
     peak_kib: dict[str, int] = {}
     for r in range(repeat):
         for master in seconds:
@@ -679,6 +765,14 @@ def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> 
                 with PeakSampler() as sampler:
                     t_rw, n = _rewrite_on_spark(spark, source, work / f"out-{r}-{master[-2]}")
                 seconds[master].append(t_rw)
+                t_sf = _spark_floor(spark, source, work / f"sf-{r}-{master[-2]}", full["records"])
+                spark_floor[master].append(t_sf)
+                t_runs = _spark_floor(
+                    spark, source, work / f"sr-{r}-{master[-2]}", full["records"], 64 << 10
+                )
+                spark_runs[master].append(t_runs)
+                shutil.rmtree(work / f"sr-{r}-{master[-2]}", ignore_errors=True)
+                shutil.rmtree(work / f"sf-{r}-{master[-2]}", ignore_errors=True)
                 print(f"rewrite round {r + 1} {master}: {t_rw:.2f} s, {n / t_rw:,.0f} records/s",
                       file=sys.stderr, flush=True)  # fmt: skip
                 if master == "local[1]" and r == 0:
@@ -712,6 +806,15 @@ def bench_rewrite(fixtures: Path, work: Path, megabytes: float, repeat: int) -> 
         "ratio": round(t_floor / t2, 4),
         "local2_vs_local1": round(t1 / t2, 3),
         "task_peak_mib": {k: round(v / 1024, 1) for k, v in peak_kib.items()},
+        # the Spark floor: the same bytes through the same Spark pipeline, no Flink decoding
+        "spark_floor_local1_s": [round(x, 3) for x in spark_floor["local[1]"]],
+        "spark_floor_local2_s": [round(x, 3) for x in spark_floor["local[2]"]],
+        "spark_floor_records_s": round(records / min(spark_floor["local[2]"])),
+        "spark_floor_vs_copy_floor": round(t_floor / min(spark_floor["local[2]"]), 4),
+        "rewrite_vs_spark_floor": round(min(spark_floor["local[2]"]) / t2, 4),
+        # the same with one row per 64 KB slice (a shuffle of key-group runs, not records)
+        "spark_floor_64k_rows_local2_s": [round(x, 3) for x in spark_runs["local[2]"]],
+        "spark_floor_64k_rows_vs_copy_floor": round(t_floor / min(spark_runs["local[2]"]), 4),
         "task_peak_full_vs_quarter": (
             round(peak_kib["full"] / peak_kib["quarter"], 3) if peak_kib.get("quarter") else None
         ),

@@ -23,6 +23,31 @@ from state_engine.snapshot.storage import open_url
 __all__ = ["OperatorPlan", "OutputPart", "ReadTask", "RewritePlan", "plan_rewrite"]
 
 
+#: source bytes per read task of a canonical handle (its key groups cut into sub-ranges)
+TASK_BYTES = 32 << 20
+
+
+def _sub_ranges(kh: md.KeyedStateHandle) -> list[KeyGroupRange]:
+    """The handle's key groups cut into contiguous sub-ranges of about :data:`TASK_BYTES` of
+    the file each (a key group is never split)."""
+    first = kh.key_groups.start
+    offsets = kh.offsets
+    if len(offsets) != len(kh.key_groups):
+        return [kh.key_groups]
+    out: list[KeyGroupRange] = []
+    lo, base = 0, 0
+    for k, off in enumerate(offsets):
+        if not off:
+            continue
+        if not base:
+            base = off
+        elif off - base >= TASK_BYTES:
+            out.append(KeyGroupRange(first + lo, first + k - 1))
+            lo, base = k, off
+    out.append(KeyGroupRange(first + lo, kh.key_groups.end))
+    return out
+
+
 @dataclass(frozen=True)
 class ReadTask:
     """One source keyed handle (operator ``op``, subtask, which of its keyed handles), and the
@@ -369,8 +394,11 @@ def plan_rewrite(meta: FlinkSnapshotMetadata, options: RewriteOptions) -> Rewrit
             kgr = compute_key_group_range_for_operator_index(max_p, parallelism, s)
             outputs.append(OutputPart(i, s, kgr, f"{op_id}-{s:05d}"))
         for st in op.subtasks:
-            if st.managed_keyed_state is not None:
-                tasks.append(ReadTask(i, st.index, 0, st.managed_keyed_state.key_groups))
+            kh = st.managed_keyed_state
+            if kh is not None:
+                split = kh.type == md.SAVEPOINT_KEY_GROUPS and not header.compression
+                for kgr in _sub_ranges(kh) if split else (kh.key_groups,):
+                    tasks.append(ReadTask(i, st.index, 0, kgr))
     for op in meta.operators:
         for st in op.subtasks:
             if st.input_channel_state or st.output_channel_state:

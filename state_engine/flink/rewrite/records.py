@@ -9,18 +9,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from state_engine.errors import FlinkStateError
 from state_engine.flink import metadata as md
 from state_engine.flink.keyed_state import (
-    END_OF_KEY_GROUP_MARK,
     LIST_DELIMITER,
     META_DATA_FOLLOWS_FLAG,
+    ProxyHeader,
     operator_label,
 )
 from state_engine.flink.metadata import FlinkSnapshotMetadata
 from state_engine.flink.metadata.parser import HEADER_MAGIC_NUMBER
+from state_engine.flink.rewrite import fast
 from state_engine.flink.rewrite.keys import key_hasher, new_key_group
 from state_engine.flink.rewrite.options import RewriteOptions, RewriteRefused
 from state_engine.flink.rewrite.plan import OperatorPlan, ReadTask, RewritePlan, plan_rewrite
@@ -119,6 +121,9 @@ def read_records(plan: RewritePlan, task: ReadTask, fs: Any = None) -> Iterator[
         for name, sid in op.state_ids.items()
         if op.ttl_kinds.get(sid) == "list"
     }
+    if _vectorised(kh, header):
+        yield from _fast_records(plan, task, kh, header, part_of, list_elements, where)
+        return
     at = plan.at
     parts: list[int] = []
     groups: list[int] = []
@@ -159,6 +164,110 @@ def read_records(plan: RewritePlan, task: ReadTask, fs: Any = None) -> Iterator[
             parts, groups, states, keys, values = [], [], [], [], []
     if keys:
         yield _batch(parts, groups, states, keys, values)
+
+
+def _vectorised(kh: md.KeyedStateHandle, header: ProxyHeader) -> bool:
+    """Whether :func:`_fast_records` reads ``kh`` (a canonical uncompressed handle)."""
+    return (
+        kh.type == md.SAVEPOINT_KEY_GROUPS
+        and not header.compression
+        and kh.delegate is not None
+        and len(kh.offsets) == len(kh.key_groups)
+    )
+
+
+def _fast_records(
+    plan: RewritePlan,
+    task: ReadTask,
+    kh: md.KeyedStateHandle,
+    header: ProxyHeader,
+    part_of: list[int],
+    list_elements: dict[int, Any],
+    where: str,
+) -> Iterator[pa.RecordBatch]:
+    """:func:`read_records` of a canonical uncompressed handle: key group by key group (only
+    its bytes read), each framed once, its columns built with numpy."""
+    src = plan.meta.operators[task.op]
+    op: OperatorPlan = plan.operators[task.op]
+    old_max, new_max = src.max_parallelism, op.max_parallelism
+    old_p = 1 if old_max <= 128 else 2
+    rehash = old_max != new_max
+    hasher = key_hasher(header.key_serializer) if rehash else None
+    kind = str(getattr(header.key_serializer, "kind", ""))
+    names = [s.name for s in header.states]
+    out_sid = np.array([op.state_ids.get(n, -1) for n in names], dtype=np.int64)
+    timers = np.zeros(len(names), dtype=bool)
+    for k, n in enumerate(names):
+        timers[k] = op.state_ids.get(n, -1) in op.timer_ids
+    parts_of = np.array(part_of, dtype=np.int32)
+    at = plan.at
+    for kg_at, data in fast.read_key_groups(kh, task.key_groups):
+        here = f"{where} key group {kg_at}"
+        sids, ks, vs, ve = fast.frame_group(data, here)
+        if sids.size and int(sids.max()) >= len(names):
+            header.state(int(sids.max()), here)  # raises: no such state
+        arr = np.frombuffer(data, dtype=np.uint8)
+        kl = vs - 4 - ks
+        first = arr[ks].astype(np.int64) & ~META_DATA_FOLLOWS_FLAG & 0xFF
+        old_kg = first if old_p == 1 else (first << 8) | arr[ks + 1]
+        sid = out_sid[sids]
+        keep = (sid >= 0) & (old_kg >= task.key_groups.start) & (old_kg <= task.key_groups.end)
+        keep &= kl >= old_p
+        values: list[bytes] | None = None
+        for state, ttl in op.ttl.items():
+            rows = sid == state
+            if not rows.any():
+                continue
+            ttl_kind = op.ttl_kinds[state]
+            if ttl_kind in ("value", "map"):
+                off = 0 if ttl_kind == "value" else 1
+                fits = ve - vs >= off + 8
+                start = np.where(fits, vs + off, 0)
+                ts = arr[start[:, None] + np.arange(8)].copy().view(">i8").ravel()
+                expired = fits & (ts.astype(np.int64) <= at - ttl)
+                if ttl_kind == "map":
+                    expired &= arr[np.minimum(vs, len(arr) - 1)] == 0
+                keep &= ~(rows & expired)
+            else:
+                ser = list_elements[state]
+                assert isinstance(ser, ListSerializer) and isinstance(ser.element, TtlSerializer)
+                if values is None:
+                    values = [data[a:b] for a, b in zip(vs.tolist(), ve.tolist(), strict=True)]
+                for i in np.flatnonzero(rows & keep).tolist():
+                    kept = _list_survivors(values[i], ser.element, ttl, at, here)
+                    values[i] = kept
+                    if not kept:
+                        keep[i] = False
+        idx = np.flatnonzero(keep)
+        if not idx.size:
+            continue
+        ks, kl, vs, ve, sid = ks[idx], kl[idx], vs[idx], ve[idx], sid[idx]
+        if hasher is not None:
+            start = ks + old_p + 8 * timers[sids[idx]]
+            codes, ok = fast.scalar_codes(kind, arr, start, ks + kl)
+            for i in np.flatnonzero(~ok).tolist():
+                a, b = int(ks[i]), int(ks[i] + kl[i])
+                codes[i] = hasher(Buf(data[a:b], int(start[i]) - a, where=here))
+            groups = fast.new_groups(codes, new_max)
+        else:
+            groups = old_kg[idx].astype(np.int32)
+        key = fast.gather(arr, ks + old_p, kl - old_p)
+        if values is None:
+            value = fast.gather(arr, vs, ve - vs)
+        else:
+            value = pa.array([values[i] for i in idx.tolist()], pa.binary())
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(parts_of[groups], pa.int32()),
+                pa.array(groups, pa.int32()),
+                pa.array(sid.astype(np.int16), pa.int16()),
+                key,
+                value,
+            ],
+            schema=SCHEMA,
+        )
+        for lo in range(0, batch.num_rows, _BATCH_ROWS):
+            yield batch.slice(lo, _BATCH_ROWS)
 
 
 def _batch(
@@ -204,48 +313,47 @@ def write_part(
         f.write(op.header)
         pos = len(op.header)
         current_kg = -1
-        group: list[tuple[int, bytes, bytes]] = []
+        group: list[pa.RecordBatch] = []
 
         def flush() -> None:
             nonlocal pos
             if not group:
                 return
             offsets[current_kg - kgr.start] = pos
-            chunk = bytearray()
-            prefix = current_kg.to_bytes(prefix_len, "big")
-            flagged = bytes([prefix[0] | META_DATA_FOLLOWS_FLAG]) + prefix[1:]
-            chunk += _U16.pack(group[0][0])
-            for i, (sid, key, value) in enumerate(group):
-                last_of_state = i + 1 == len(group) or group[i + 1][0] != sid
-                k = (flagged if last_of_state else prefix) + key
-                chunk += _LEN.pack(len(k))
-                chunk += k
-                chunk += _LEN.pack(len(value))
-                chunk += value
-                if last_of_state:
-                    chunk += _U16.pack(
-                        END_OF_KEY_GROUP_MARK if i + 1 == len(group) else group[i + 1][0]
-                    )
-            f.write(bytes(chunk))
+            rows = pa.Table.from_batches(group).combine_chunks()
+            sid = rows.column("state").chunk(0).to_numpy().astype(np.int64)
+            chunk = fast.assemble_group(
+                current_kg,
+                prefix_len,
+                sid,
+                rows.column("key").chunk(0),
+                rows.column("value").chunk(0),
+            )
+            f.write(chunk)
             pos += len(chunk)
             group.clear()
 
         for batch in batches:
-            cols = batch.to_pydict()
-            for p, kg, sid, key, value in zip(
-                cols["part"], cols["key_group"], cols["state"], cols["key"], cols["value"],
-                strict=True,
-            ):  # fmt: skip
-                if p != part or kg not in kgr:
-                    raise FlinkStateError(
-                        f"record of key group {kg} (part {p}) sent to part {part} over {kgr}"
-                    )
+            if not batch.num_rows:
+                continue
+            parts = batch.column("part").to_numpy()
+            kgs = batch.column("key_group").to_numpy().astype(np.int64)
+            bad = (parts != part) | (kgs < kgr.start) | (kgs > kgr.end)
+            if bad.any():
+                i = int(bad.argmax())
+                raise FlinkStateError(
+                    f"record of key group {int(kgs[i])} (part {int(parts[i])}) sent to part "
+                    f"{part} over {kgr}"
+                )
+            if int(kgs[0]) < current_kg or (np.diff(kgs) < 0).any():
+                raise FlinkStateError(f"part {part}: records not sorted by key group")
+            cuts = [0, *(np.flatnonzero(np.diff(kgs)) + 1).tolist(), len(kgs)]
+            for lo, hi in zip(cuts, cuts[1:], strict=False):
+                kg = int(kgs[lo])
                 if kg != current_kg:
-                    if kg < current_kg:
-                        raise FlinkStateError(f"part {part}: records not sorted by key group")
                     flush()
                     current_kg = kg
-                group.append((sid, key, value))
+                group.append(batch.slice(lo, hi - lo))
         flush()
     return PartWritten(part, out.file_name, pos, tuple(offsets))
 
@@ -377,31 +485,20 @@ def rewrite_local(
     if not plan.needs_rewrite:
         report["output_location"] = None
         return report
-    by_part: dict[int, list[tuple[int, int, bytes, bytes]]] = {
-        i: [] for i in range(len(plan.outputs))
-    }
+    by_part: dict[int, list[pa.RecordBatch]] = {i: [] for i in range(len(plan.outputs))}
     for task in plan.read_tasks:
         for batch in read_records(plan, task, fs):
-            cols = batch.to_pydict()
-            for p, kg, sid, key, value in zip(
-                cols["part"], cols["key_group"], cols["state"], cols["key"], cols["value"],
-                strict=True,
-            ):  # fmt: skip
-                by_part[p].append((kg, sid, key, value))
+            parts = batch.column("part").to_numpy()
+            for p in np.unique(parts).tolist():
+                by_part[p].append(batch.filter(pa.array(parts == p)))
     written = []
-    for p, rows in by_part.items():
-        rows.sort(key=lambda r: (r[0], r[1], r[2]))
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array([p] * len(rows), pa.int32()),
-                pa.array([r[0] for r in rows], pa.int32()),
-                pa.array([r[1] for r in rows], pa.int16()),
-                pa.array([r[2] for r in rows], pa.binary()),
-                pa.array([r[3] for r in rows], pa.binary()),
-            ],
-            schema=SCHEMA,
+    records = 0
+    for p, batches in by_part.items():
+        table = pa.Table.from_batches(batches, schema=SCHEMA).sort_by(
+            [("key_group", "ascending"), ("state", "ascending"), ("key", "ascending")]
         )
-        written.append(write_part(plan, p, [batch], fs, out_dir))
+        records += table.num_rows
+        written.append(write_part(plan, p, table.to_batches(), fs, out_dir))
     report["output_location"] = posixpath.dirname(write_metadata(plan, written, fs, out_dir))
-    report["records"] = sum(len(r) for r in by_part.values())
+    report["records"] = records
     return report

@@ -13,6 +13,8 @@ the same run id returns the first result, a failure leaves no ``_metadata`` and 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import uuid
 from collections import Counter
@@ -123,12 +125,41 @@ def _resolver(kind: str) -> Any:
     return resolve
 
 
+#: The object store settings of the driver that its tasks use too (fsspec's s3fs reads them).
+STORAGE_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION",
+)
+
+
+def _storage_env() -> dict[str, str]:
+    return {name: os.environ[name] for name in STORAGE_ENV if name in os.environ}
+
+
+def _use_storage_env(env: dict[str, str]) -> None:
+    """In a task: the driver's object store settings, not those its Python worker started with
+    (a reused worker may have started before they were set)."""
+    if all(os.environ.get(name) == value for name, value in env.items()):
+        return
+    os.environ.update(env)
+    import fsspec
+
+    for protocol in ("s3", "s3a"):
+        with contextlib.suppress(ImportError, ValueError):
+            fsspec.get_filesystem_class(protocol).clear_instance_cache()
+
+
 def _records(spark: SparkSession, plan: RewritePlan) -> DataFrame:
     """Every read task's records (:data:`rewrite_records.SCHEMA`), one Spark task per read task."""
     shipped = spark.sparkContext.broadcast(plan)
     n = len(plan.read_tasks)
+    env = _storage_env()
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _use_storage_env(env)
         p: RewritePlan = shipped.value
         for batch in batches:
             for task in batch.column(0).to_pylist():
@@ -188,7 +219,10 @@ def _write_parts(
         "part", "key_group", "state", "key"
     )
 
+    env = _storage_env()
+
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _use_storage_env(env)
         out = SnapshotDir.from_url(out_url, allow_shared=False)
         store = OutputStore(out)
         for part, body in _split_by_part(batches):

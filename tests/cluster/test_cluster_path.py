@@ -169,7 +169,7 @@ def test_the_jobs_application_runs_under_spark_submit_on_the_master(stack) -> No
     )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["status"] == "SUCCEEDED" and report["job"] == JOB
+    assert report["status"] == "DRY_RUN" and report["job"] == JOB  # a dry run (issue 33)
     apps = spark_apps(stack, "[by hand]")
     assert len(apps) == 1, (stack.spark.applications(), done.stderr)
     [app] = apps

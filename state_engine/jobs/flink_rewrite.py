@@ -287,10 +287,7 @@ def rewrite_on_spark(
 
 
 def _report(rewrite: FlinkRewrite) -> dict[str, Any]:
-    try:
-        return dict(rewrite.plan.report())
-    except NotImplementedError:
-        return {}
+    return dict(rewrite.plan.report())
 
 
 def _body(kind: str) -> Any:

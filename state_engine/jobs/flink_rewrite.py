@@ -13,7 +13,6 @@ the same run id returns the first result, a failure leaves no ``_metadata`` and 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import uuid
@@ -44,7 +43,12 @@ from state_engine.jobs.spark_job import maintenance_job
 from state_engine.maintenance.output import output_snapshot
 from state_engine.maintenance.preflight import earlier_run, record_refusal, refused_job
 from state_engine.maintenance.run import JobResult, RunContext, RunTarget
-from state_engine.snapshot.storage import METADATA_FILE, FileStore, SnapshotDir
+from state_engine.snapshot.storage import (
+    METADATA_FILE,
+    FileStore,
+    SnapshotDir,
+    forget_object_store_clients,
+)
 from state_engine.snapshot_enums import SnapshotKind
 
 if TYPE_CHECKING:
@@ -145,11 +149,7 @@ def _use_storage_env(env: dict[str, str]) -> None:
     if all(os.environ.get(name) == value for name, value in env.items()):
         return
     os.environ.update(env)
-    import fsspec
-
-    for protocol in ("s3", "s3a"):
-        with contextlib.suppress(ImportError, ValueError):
-            fsspec.get_filesystem_class(protocol).clear_instance_cache()
+    forget_object_store_clients()
 
 
 def _records(spark: SparkSession, plan: RewritePlan) -> DataFrame:

@@ -501,6 +501,16 @@ def canonical_url(url: str, storage_options: dict[str, Any] | None = None) -> st
     return store.url_of(path).rstrip("/")
 
 
+def forget_object_store_clients(protocols: Iterable[str] = ("s3", "s3a")) -> None:
+    """Drop fsspec's cached clients of ``protocols``: they keep the settings (endpoint,
+    credentials) of the environment they were made in."""
+    for protocol in protocols:
+        try:
+            fsspec.get_filesystem_class(protocol).clear_instance_cache()
+        except (ImportError, ValueError):
+            continue  # that object store's fsspec package is not installed
+
+
 def open_url(url: str, storage_options: dict[str, Any] | None = None) -> Any:
     """``url`` opened for reading."""
     store, path = FileStore.at(url, storage_options)

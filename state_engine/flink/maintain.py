@@ -32,7 +32,7 @@ from state_engine.flink.rewrite import RewriteOptions, RewritePlan, RewriteRefus
 from state_engine.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from state_engine.maintenance.job_storage import storage_for
 from state_engine.maintenance.output import OutputSnapshot
-from state_engine.maintenance.preflight import allowed_roots, whole_number
+from state_engine.maintenance.preflight import allowed_roots, snapshot_of_job, whole_number
 from state_engine.snapshot.storage import FileStore, SnapshotDir, canonical_url
 from state_engine.snapshot_enums import SnapshotStatus
 
@@ -170,19 +170,7 @@ def _source(catalog: Catalog, kind: str, params: Mapping[str, Any]) -> SnapshotR
             f"Flink job {job!r} has no COMPLETED Flink snapshot to {kind.replace('_', ' ')}; "
             f"import its directories with `statectl flink import PATH --job {job}`"
         )
-    snapshot_id = whole_number(params["snapshot"], "snapshot id", 1, (1 << 63) - 1)
-    try:
-        record = catalog.get_snapshot(snapshot_id)
-    except NoSuchSnapshot:
-        raise NoSuchSnapshot(
-            f"snapshot {snapshot_id} is not in the catalog; list a job's snapshots with "
-            "`statectl snapshots JOB`"
-        ) from None
-    if job is not None and record.job != job:
-        raise InvalidJobParams(
-            f"snapshot {record.id} belongs to job {record.job!r}, not {job!r}; pick one of "
-            f"{job!r}'s from `statectl snapshots {job}`"
-        )
+    record = snapshot_of_job(catalog, params["snapshot"], job)
     if not is_flink_job(catalog, record.job):
         raise InvalidJobParams(
             f"snapshot {record.id} is of job {record.job!r}, which is not a Flink job: rewrite "

@@ -120,7 +120,12 @@ def _input_snapshot(catalog: Catalog, kind: str, params: dict[str, Any]) -> Snap
                 f"snapshots with `statectl snapshots {job}`"
             )
         return latest
-    snapshot_id = whole_number(params["snapshot"], "snapshot id", 1, (1 << 63) - 1)
+    return snapshot_of_job(catalog, params["snapshot"], job)
+
+
+def snapshot_of_job(catalog: Catalog, snapshot: Any, job: str | None) -> SnapshotRecord:
+    """The catalog's snapshot ``snapshot`` (an id), which must be of ``job`` when one is named."""
+    snapshot_id = whole_number(snapshot, "snapshot id", 1, (1 << 63) - 1)
     try:
         record = catalog.get_snapshot(snapshot_id)
     except NoSuchSnapshot:

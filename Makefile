@@ -35,7 +35,7 @@ demo: install bytecode
 # Lint first: ruff and mypy must be clean before the suite runs (CI runs `make test`).
 test: install lint browser flink bytecode
 	STATEKEEPER_FLINK_HOME="$$(echo $(CURDIR)/$(FLINK_VENV)/lib/python*/site-packages/pyflink)" \
-		$(PY) -m pytest
+		$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder
 
 # The loop while working (CONTRIBUTING.md): every test that starts no JVM, no Flink cluster, no
 # Airflow DAG run and no browser, with the catalog on SQLite only, spread over the cores (one

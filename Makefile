@@ -35,6 +35,7 @@ demo: install bytecode
 # Lint first: ruff and mypy must be clean before the suite runs (CI runs `make test`).
 test: install lint browser flink bytecode
 	STATEKEEPER_FLINK_HOME="$$(echo $(CURDIR)/$(FLINK_VENV)/lib/python*/site-packages/pyflink)" \
+	STATEKEEPER_FLINK_1_20_HOME="$$(echo $(CURDIR)/$(FLINK_1_20_VENV)/lib/python*/site-packages/pyflink)" \
 		$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder
 
 # The loop while working (CONTRIBUTING.md): every test that starts no JVM, no Flink cluster, no
@@ -48,16 +49,21 @@ test-fast: install bytecode
 # A real Apache Flink for the tests that start a cluster (tests/fixtures/flink_cluster.py): the
 # apache-flink package in a venv of its own, as it pins pyarrow and protobuf versions the
 # project's own exclude. If it cannot be installed this says so, and those tests skip (under
-# CI=true they fail instead).
+# CI=true they fail instead). Flink 1.20 too, in another venv, for the proof that it restores
+# the savepoints written from its snapshots (tests/flink/test_rewrite_flink_1_20.py).
 FLINK_VENV    := .venv-flink
 FLINK_VERSION := 2.3.0
-flink: $(FLINK_VENV)/.installed-$(FLINK_VERSION)
+FLINK_1_20_VENV    := .venv-flink-1.20
+FLINK_1_20_VERSION := 1.20.5
+FLINK_STAMPS := $(FLINK_VENV)/.installed-$(FLINK_VERSION) $(FLINK_1_20_VENV)/.installed-$(FLINK_1_20_VERSION)
+flink: $(FLINK_STAMPS)
 
-$(FLINK_VENV)/.installed-$(FLINK_VERSION): | $(STAMP)
-	@{ $(UV) venv --quiet --allow-existing --python $(PYTHON) $(FLINK_VENV) \
-		&& $(UV) pip install --quiet --python $(FLINK_VENV)/bin/python "apache-flink==$(FLINK_VERSION)" \
+# each stamp: <venv>/.installed-<version>
+$(FLINK_STAMPS): | $(STAMP)
+	@{ $(UV) venv --quiet --allow-existing --python $(PYTHON) $(@D) \
+		&& $(UV) pip install --quiet --python $(@D)/bin/python "apache-flink==$(@F:.installed-%=%)" \
 		&& touch $@; } \
-		|| echo "warning: could not install apache-flink $(FLINK_VERSION) into $(FLINK_VENV); the real-Flink tests will skip (fail under CI=true)"
+		|| echo "warning: could not install apache-flink $(@F:.installed-%=%) into $(@D); the tests of that Flink will skip (fail under CI=true)"
 
 # The browser test (tests/airflow/test_plugin_browser.py) drives Debian's headless Chromium. As
 # root with apt-get, a missing chromium is installed; otherwise this only says how, and the test
@@ -124,4 +130,4 @@ bench: install
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
-	rm -rf $(VENV) $(FLINK_VENV) .statekeeper .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) $(FLINK_VENV) $(FLINK_1_20_VENV) .statekeeper .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -1,5 +1,7 @@
-// Test harness for the Flink savepoint writer (tests/flink/test_rewrite_flink.py): one program,
-// the first argument is the mode. Runs on a MiniCluster in this JVM (createLocalEnvironment).
+// Test harness for the Flink savepoint writer (tests/flink/test_rewrite_flink.py on Flink 2.3,
+// test_rewrite_flink_1_20.py on 1.20: it compiles against either, so it uses only the API both
+// have): one program, the first argument is the mode. Runs on a MiniCluster in this JVM
+// (createLocalEnvironment).
 //
 //   produce  --backend B --maxp M --p P --n N --out DIR --kind canonical|native|checkpoint
 //            A DataStream job (source uid "src", keyed operators "agg-str" (String keys) and
@@ -34,8 +36,8 @@ import org.apache.flink.core.execution.SavepointFormatType;
 import org.apache.flink.streaming.api.datastream.DataStream;
 import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
+import org.apache.flink.streaming.api.functions.ProcessFunction;
 import org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink;
-import org.apache.flink.streaming.api.functions.sink.legacy.RichSinkFunction;
 import org.apache.flink.table.api.Table;
 import org.apache.flink.table.api.bridge.java.StreamTableEnvironment;
 import org.apache.flink.table.data.GenericRowData;
@@ -412,10 +414,12 @@ public class RewriteHarness {
 
     // --- Flink SQL ---
 
-    public static class RowSink extends RichSinkFunction<Row> {
+    /** Writes every changelog row it gets to DIR/rows-SUBTASK.txt and emits nothing (a process
+     *  function before a discarding sink: Flink 2.x moved SinkFunction, 1.20 has it elsewhere). */
+    public static class RowWriter extends ProcessFunction<Row, String> {
         final String dir;
         transient Writer w;
-        RowSink(String dir) { this.dir = dir; }
+        RowWriter(String dir) { this.dir = dir; }
         @Override
         public void open(OpenContext ctx) throws Exception {
             Files.createDirectories(Paths.get(dir));
@@ -423,7 +427,7 @@ public class RewriteHarness {
             w = new OutputStreamWriter(new FileOutputStream(dir + "/rows-" + sub + ".txt", true), StandardCharsets.UTF_8);
         }
         @Override
-        public void invoke(Row r, Context ctx) throws Exception {
+        public void processElement(Row r, Context ctx, Collector<String> o) throws Exception {
             w.write(r.getKind().shortString() + "\t" + r.getField(0) + "\t" + r.getField(1) + "\t" + r.getField(2) + "\n");
             w.flush();
         }
@@ -445,7 +449,8 @@ public class RewriteHarness {
                 .uid("to-row");
         t.createTemporaryView("txn", t.fromDataStream(rows));
         Table agg = t.sqlQuery("SELECT k, COUNT(*) AS c, SUM(v) AS s FROM txn GROUP BY k");
-        t.toChangelogStream(agg).addSink(new RowSink(out + "/rows")).uid("rows-sink").name("rows-sink");
+        t.toChangelogStream(agg).process(new RowWriter(out + "/rows"), Types.STRING).uid("rows-sink").name("rows-sink")
+                .sinkTo(new DiscardingSink<>()).uid("rows-discard").name("rows-discard");
         JobClient client = env.executeAsync("sql-" + phase);
         long last = phase.equals("first") ? n - 1 : 2L * n - 1;
         waitFor("record " + last, () -> Files.exists(Paths.get(marker + "-" + last)), client);

@@ -44,7 +44,7 @@ test: install lint browser flink bytecode
 # from the fixtures a test uses (tests/conftest.py); `make test` above stays the whole suite.
 FAST_MARKERS := not slow and not spark and not flink and not cluster and not browser and not dag_run and not postgres
 test-fast: install bytecode
-	$(PY) -m pytest -n auto --dist loadscope -m "$(FAST_MARKERS)"
+	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder -m "$(FAST_MARKERS)"
 
 # A real Apache Flink for the tests that start a cluster (tests/fixtures/flink_cluster.py): the
 # apache-flink package in a venv of its own, as it pins pyarrow and protobuf versions the

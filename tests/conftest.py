@@ -3,22 +3,27 @@ the catalog fixtures every folder shares come from the plugin ``tests/fixtures/c
 
 Markers follow from the fixtures a test uses (:func:`pytest_collection_modifyitems`), so
 ``make test-fast`` can leave out what starts a JVM or a browser without each test saying so.
-The same hook groups the tests for pytest-xdist (``--dist loadgroup``): every test of a module
-that uses a session resource runs on the one worker that holds it, so each resource still
-exists once per run; the other modules are spread over the workers a module at a time.
+The same hook groups the modules for pytest-xdist (``make test``: ``--dist loadgroup``,
+tests/fixtures/xdist_groups.py): every module that uses a session resource runs on the one
+worker that holds it, so each resource still exists once per run; the other modules are spread
+over the workers a module at a time.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
-from collections import defaultdict
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
+
+from tests.fixtures import xdist_groups
 
 if TYPE_CHECKING:
     from tests.fixtures.flink_cluster import FlinkCluster
@@ -41,51 +46,28 @@ MARKER_OF_FIXTURE = {
 }
 
 
-#: what a run holds once, by the fixture a test asks for ("cluster": the services of every test
-#: under tests/cluster/); the first of a group's resources here decides when it is scheduled:
-#: the longest-running groups first, so no worker is left alone with one at the end
-SESSION_RESOURCES = ("cluster", "flink_cluster", "spark", "airflow_home", "chromium_binary")
-CLUSTER_TESTS = Path(__file__).parent / "cluster"
-
-
-# tryfirst: the groups must be marked before pytest-xdist reads them in its own hook
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         for fixture, marker in MARKER_OF_FIXTURE.items():
             if fixture in used:
                 item.add_marker(marker)
-    group_by_resource(items)
+    xdist_groups.publish(xdist_groups.group_modules(items))
 
 
-def group_by_resource(items: list[pytest.Item]) -> None:
-    """Mark each module's tests with one ``xdist_group``, the modules that share a session
-    resource (directly or through another module) with the same one; put those groups first."""
-    used_by: dict[Path, set[str]] = defaultdict(set)
-    module_id: dict[Path, str] = {}
-    for item in items:
-        module_id.setdefault(item.path, item.nodeid.partition("::")[0])
-        used = used_by[item.path]
-        used.update(r for r in SESSION_RESOURCES if r in getattr(item, "fixturenames", ()))
-        if CLUSTER_TESTS in item.path.parents:
-            used.add("cluster")
-    joined = {r: {r} for r in SESSION_RESOURCES}  # resource -> every resource in its group
-    for used in used_by.values():
-        merged = set().union(*(joined[r] for r in used))
-        for r in merged:
-            joined[r] = merged
-    group_of: dict[Path, tuple[int, str]] = {}
-    for path, used in used_by.items():
-        if used:
-            members = joined[next(iter(used))]
-            rank = min(SESSION_RESOURCES.index(r) for r in members)
-            group_of[path] = (rank, "+".join(sorted(members)))
-        else:
-            group_of[path] = (len(SESSION_RESOURCES), module_id[path])
-    items.sort(key=lambda item: group_of[item.path][0])  # stable: modules keep their order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of[item.path][1]))
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "loadgroup":
+        where = Path(tempfile.mkdtemp(prefix="sk-test-groups-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+        os.environ[xdist_groups.GROUPS_FILE] = str(where / "groups.json")  # workers inherit it
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: the resource groups of tests/fixtures/xdist_groups.py."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return None
+    return xdist_groups.ResourceGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

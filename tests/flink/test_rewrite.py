@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import shutil
 import struct
 import tempfile
 from pathlib import Path
@@ -370,6 +371,75 @@ def test_the_vectorised_read_writes_the_bytes_the_record_by_record_read_writes(
         slow = (tmp_path / "slow" / name).read_bytes()
         assert (tmp_path / "fast" / name).read_bytes() == slow, name
         assert (tmp_path / "split" / name).read_bytes() == slow, name
+
+
+def _heap_and_compressed_sources(flink_fixtures: FlinkFixtures) -> list[Path]:
+    return [
+        flink_fixtures.java_job("hashmap") / "chk-11",  # heap key groups
+        *sorted(p.parent for p in SNAPPY.rglob("_metadata")),  # snappy: canonical and heap
+    ]
+
+
+def test_heap_and_compressed_handles_are_read_a_key_group_range_per_task(
+    flink_fixtures: FlinkFixtures, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heap or snappy-compressed handle is cut into key-group sub-ranges like an uncompressed
+    canonical one (no task holds a whole handle): the same output bytes, and a task reads
+    nothing of its handle outside its own key groups (the bytes of the others are garbage)."""
+    from state_engine.flink.rewrite import plan as plan_module
+
+    options = RewriteOptions(max_parallelism=300, parallelism=3)
+    in_files = 0
+    for i, src in enumerate(_heap_and_compressed_sources(flink_fixtures)):
+        meta = read_metadata(str(src))
+        rewrite_local(meta, options, None, str(tmp_path / f"whole-{i}"))
+        with monkeypatch.context() as m:
+            m.setattr(plan_module, "TASK_BYTES", 64)
+            plan = plan_rewrite(meta, options)
+            rewrite_local(meta, options, None, str(tmp_path / f"split-{i}"))
+        handles = {(t.op, t.subtask) for t in plan.read_tasks}
+        assert len(plan.read_tasks) > len(handles), src
+        names = sorted(p.name for p in (tmp_path / f"whole-{i}").iterdir())
+        assert names == sorted(p.name for p in (tmp_path / f"split-{i}").iterdir())
+        for name in names:
+            whole = (tmp_path / f"whole-{i}" / name).read_bytes()
+            assert (tmp_path / f"split-{i}" / name).read_bytes() == whole, (src, name)
+
+        # one task of a handle's middle: every byte of its file outside the task's key groups
+        # overwritten, and the task still reads exactly its records (handles in files only:
+        # an inline one is at most a few KB, in _metadata itself)
+        rows = {
+            t: pa.Table.from_batches(list(read_records(plan, t)), SCHEMA)
+            for t in plan.read_tasks
+            if t.key_groups.start > 0
+        }
+        task = max(rows, key=lambda t: rows[t].num_rows)
+        before = rows[task]
+        kh = meta.operators[task.op].subtasks[task.subtask].managed_keyed_state
+        assert kh is not None and kh.delegate is not None and before.num_rows, src
+        if kh.delegate.location is None:
+            continue
+        in_files += 1
+        copy = tmp_path / f"copy-{i}"
+        shutil.copytree(src.parent if src.name.startswith("chk-") else src, copy)
+        path = copy / Path(str(kh.delegate.location)).relative_to(
+            src.parent if src.name.startswith("chk-") else src
+        )
+        data = bytearray(path.read_bytes())
+        first = kh.key_groups.start
+        starts = sorted(o for o in kh.offsets if o)
+        lo = kh.offsets[task.key_groups.start - first]
+        after_kg = [o for o in starts if o > kh.offsets[task.key_groups.end - first]]
+        hi = after_kg[0] if after_kg else len(data)
+        data[starts[0] : lo] = b"\xff" * (lo - starts[0])
+        data[hi:] = b"\xff" * (len(data) - hi)
+        path.write_bytes(bytes(data))
+        copied = read_metadata(str(copy / src.name if src.name.startswith("chk-") else copy))
+        after = pa.Table.from_batches(
+            list(read_records(dataclasses.replace(plan, meta=copied), task)), SCHEMA
+        )
+        assert after.equals(before), src
+    assert in_files
 
 
 def test_a_plan_travels_to_spark_tasks_by_pickle(flink_fixtures: FlinkFixtures) -> None:

@@ -23,7 +23,7 @@ from state_engine.snapshot.storage import open_url
 __all__ = ["OperatorPlan", "OutputPart", "ReadTask", "RewritePlan", "plan_rewrite"]
 
 
-#: source bytes per read task of a canonical handle (its key groups cut into sub-ranges)
+#: source bytes per read task of a canonical or heap handle (its key groups cut into sub-ranges)
 TASK_BYTES = 32 << 20
 
 
@@ -396,7 +396,7 @@ def plan_rewrite(meta: FlinkSnapshotMetadata, options: RewriteOptions) -> Rewrit
         for st in op.subtasks:
             kh = st.managed_keyed_state
             if kh is not None:
-                split = kh.type == md.SAVEPOINT_KEY_GROUPS and not header.compression
+                split = kh.type in (md.SAVEPOINT_KEY_GROUPS, md.KEY_GROUPS)
                 for kgr in _sub_ranges(kh) if split else (kh.key_groups,):
                     tasks.append(ReadTask(i, st.index, 0, kgr))
     for op in meta.operators:

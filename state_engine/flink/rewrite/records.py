@@ -28,6 +28,7 @@ from state_engine.flink.rewrite.options import RewriteOptions, RewriteRefused
 from state_engine.flink.rewrite.plan import OperatorPlan, ReadTask, RewritePlan, plan_rewrite
 from state_engine.flink.rewrite.source import handle_header, source_records
 from state_engine.flink.serializers import Buf, ListSerializer, TtlSerializer
+from state_engine.flink.snappy import read_framed
 from state_engine.keygroups import compute_operator_index_for_key_group
 from state_engine.snapshot.storage import FileStore
 
@@ -167,10 +168,9 @@ def read_records(plan: RewritePlan, task: ReadTask, fs: Any = None) -> Iterator[
 
 
 def _vectorised(kh: md.KeyedStateHandle, header: ProxyHeader) -> bool:
-    """Whether :func:`_fast_records` reads ``kh`` (a canonical uncompressed handle)."""
+    """Whether :func:`_fast_records` reads ``kh`` (a canonical handle)."""
     return (
         kh.type == md.SAVEPOINT_KEY_GROUPS
-        and not header.compression
         and kh.delegate is not None
         and len(kh.offsets) == len(kh.key_groups)
     )
@@ -185,8 +185,8 @@ def _fast_records(
     list_elements: dict[int, Any],
     where: str,
 ) -> Iterator[pa.RecordBatch]:
-    """:func:`read_records` of a canonical uncompressed handle: key group by key group (only
-    its bytes read), each framed once, its columns built with numpy."""
+    """:func:`read_records` of a canonical handle: key group by key group (only its bytes read,
+    then decompressed if the savepoint is), each framed once, its columns built with numpy."""
     src = plan.meta.operators[task.op]
     op: OperatorPlan = plan.operators[task.op]
     old_max, new_max = src.max_parallelism, op.max_parallelism
@@ -203,6 +203,8 @@ def _fast_records(
     at = plan.at
     for kg_at, data in fast.read_key_groups(kh, task.key_groups):
         here = f"{where} key group {kg_at}"
+        if header.compression:  # each key group is a snappy framed stream of its own
+            data, _ = read_framed(data, 0, len(data), here)
         sids, ks, vs, ve = fast.frame_group(data, here)
         if sids.size and int(sids.max()) >= len(names):
             header.state(int(sids.max()), here)  # raises: no such state

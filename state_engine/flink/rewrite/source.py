@@ -18,6 +18,7 @@ from state_engine.flink.keyed_state import (
     read_proxy_header,
 )
 from state_engine.flink.metadata import KeyedStateHandle
+from state_engine.flink.rewrite.fast import read_key_groups
 from state_engine.flink.serializers import (
     Buf,
     ListSerializer,
@@ -122,6 +123,9 @@ def source_records(
             if cf in names and _kg(key, max_parallelism) in key_groups:
                 yield cf, key, value
         return
+    if kh.type == md.KEY_GROUPS:
+        yield from _heap_records(kh, header, max_parallelism, key_groups, where)
+        return
     assert kh.delegate is not None
     data = kh.delegate.read_bytes()
     lo, hi = key_groups.start - kh.key_groups.start, key_groups.end - kh.key_groups.start + 1
@@ -140,7 +144,7 @@ def source_records(
                     value,
                 )
         return
-    yield from _heap_records(data, kh, header, max_parallelism, key_groups, where)
+    raise FlinkStateError(f"{where}: a keyed handle of type {kh.type} holds no records to rewrite")
 
 
 def _kg(key: bytes, max_parallelism: int) -> int:
@@ -158,27 +162,25 @@ def _variable_int_bytes(n: int) -> bytes:
 
 
 def _heap_records(
-    data: bytes,
     kh: KeyedStateHandle,
     header: ProxyHeader,
     max_parallelism: int,
     key_groups: KeyGroupRange,
     where: str,
 ) -> Iterator[tuple[str, bytes, bytes]]:
-    offsets = kh.offsets
+    """The records of a heap (hashmap) handle's key groups in ``key_groups``, each key group's
+    bytes read on its own (a heap handle of any size is never held whole)."""
     two = max_parallelism > 128
-    for i, off in enumerate(offsets):
-        kg = kh.key_groups.start + i
-        if kg not in key_groups:
-            continue
-        buf = Buf(data, off, where=where)
+    for kg, data in read_key_groups(kh, key_groups):
+        here = f"{where} key group {kg}"
+        buf = Buf(data, 0, where=here)
         if buf.i32() != kg:
-            raise buf.fail(f"key group {kg} at its offset", off)
-        end = offsets[i + 1] if i + 1 < len(offsets) else len(data)
+            raise buf.fail(f"key group {kg} at its offset")
+        end = len(data)
         prefix = bytes([kg >> 8, kg & 0xFF]) if two else bytes([kg])
         for _ in range(len(header.states)):
             if header.compression:
-                plain, buf.pos = read_framed(data, buf.pos, end, where)
+                plain, buf.pos = read_framed(data, buf.pos, end, here)
                 section = Buf(plain, 0, where=f"{where} key group {kg} (decompressed)")
                 yield from _heap_section(header, section, prefix, where)
             else:

@@ -363,6 +363,9 @@ def test_the_vectorised_read_writes_the_bytes_the_record_by_record_read_writes(
     monkeypatch.setattr(plan_module, "TASK_BYTES", 64)
     assert len(plan_rewrite(meta, options).read_tasks) > tasks
     rewrite_local(meta, options, None, str(tmp_path / "split"))
+    # key groups read and written a few records at a time (as large ones are): the same bytes
+    monkeypatch.setattr(records, "_SLICE_ROWS", 3)
+    rewrite_local(meta, options, None, str(tmp_path / "sliced"))
     monkeypatch.setattr(records, "_vectorised", lambda kh, header: False)
     rewrite_local(meta, options, None, str(tmp_path / "slow"))
     names = sorted(p.name for p in (tmp_path / "slow").iterdir())
@@ -371,6 +374,7 @@ def test_the_vectorised_read_writes_the_bytes_the_record_by_record_read_writes(
         slow = (tmp_path / "slow" / name).read_bytes()
         assert (tmp_path / "fast" / name).read_bytes() == slow, name
         assert (tmp_path / "split" / name).read_bytes() == slow, name
+        assert (tmp_path / "sliced" / name).read_bytes() == slow, name
 
 
 def _heap_and_compressed_sources(flink_fixtures: FlinkFixtures) -> list[Path]:

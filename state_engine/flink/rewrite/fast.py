@@ -32,6 +32,11 @@ def key_group_ranges(kh: KeyedStateHandle, key_groups: KeyGroupRange) -> list[tu
     groups of ``key_groups``: each runs to the next key group's start, the last to the end."""
     offsets = kh.offsets
     assert kh.delegate is not None
+    if len(offsets) != len(kh.key_groups):
+        raise FlinkStateError(
+            f"a keyed handle of key groups {kh.key_groups.start}-{kh.key_groups.end} has "
+            f"{len(offsets)} key-group offsets (the _metadata is damaged; re-copy the snapshot)"
+        )
     size = kh.delegate.size
     starts = sorted(o for o in offsets if o)
     out = []
@@ -268,11 +273,21 @@ def new_groups(codes: np.ndarray, max_parallelism: int) -> np.ndarray:
 
 
 def assemble_group(
-    kg: int, prefix_len: int, sid: np.ndarray, key: pa.Array, value: pa.Array
+    kg: int,
+    prefix_len: int,
+    sid: np.ndarray,
+    key: pa.Array,
+    value: pa.Array,
+    head: bool = True,
+    following: int = END_OF_KEY_GROUP_MARK,
 ) -> bytes:
     """One key group's canonical bytes from its records sorted by (state, key): the first state
     id, each record ``len | prefix key | len | value`` (the prefix flagged on a state's last
-    record, which is followed by the next state id or the end mark)."""
+    record, which is followed by the next state id or the end mark).
+
+    A key group may be assembled in consecutive slices: ``head`` says whether this slice starts
+    it (and so writes the first state id), ``following`` is the state id of the next slice's
+    first record (the end mark after the last slice)."""
     n = len(sid)
     ko, kd = _offsets_data(key)
     vo, vd = _offsets_data(value)
@@ -280,13 +295,16 @@ def assemble_group(
     vlen = np.diff(vo)
     last = np.ones(n, dtype=bool)
     last[:-1] = sid[1:] != sid[:-1]
+    last[-1] = following != int(sid[-1])
     size = 4 + prefix_len + klen + 4 + vlen + 2 * last
     start = np.zeros(n, dtype=np.int64)
     np.cumsum(size[:-1], out=start[1:])
-    start += 2
-    total = 2 + int(size.sum())
+    lead = 2 if head else 0
+    start += lead
+    total = lead + int(size.sum())
     out = np.zeros(total, dtype=np.uint8)
-    out[0:2] = np.frombuffer(int(sid[0]).to_bytes(2, "big"), np.uint8)
+    if head:
+        out[0:2] = np.frombuffer(int(sid[0]).to_bytes(2, "big"), np.uint8)
     four = np.arange(4, dtype=np.int64)
     out[start[:, None] + four] = (klen + prefix_len).astype(">i4").view(np.uint8).reshape(n, 4)
     prefix = kg.to_bytes(prefix_len, "big")
@@ -303,7 +321,7 @@ def assemble_group(
     vstart = vlpos + 4
     if vd.size:
         out[_gather(vstart, vlen)] = vd
-    marks = np.full(n, END_OF_KEY_GROUP_MARK, dtype=np.int64)
+    marks = np.full(n, following, dtype=np.int64)
     marks[:-1] = sid[1:]
     at = (vstart + vlen)[last]
     m = marks[last].astype(">u2").view(np.uint8).reshape(-1, 2)

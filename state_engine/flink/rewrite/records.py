@@ -15,6 +15,7 @@ import pyarrow as pa
 from state_engine.errors import FlinkStateError
 from state_engine.flink import metadata as md
 from state_engine.flink.keyed_state import (
+    END_OF_KEY_GROUP_MARK,
     LIST_DELIMITER,
     META_DATA_FOLLOWS_FLAG,
     ProxyHeader,
@@ -60,6 +61,8 @@ class PartWritten:
 
 
 _BATCH_ROWS = 1 << 15
+#: records of a key group turned into columns (and output bytes) at a time
+_SLICE_ROWS = 1 << 13
 _I64_MAX = (1 << 63) - 1
 
 
@@ -205,71 +208,76 @@ def _fast_records(
         here = f"{where} key group {kg_at}"
         if header.compression:  # each key group is a snappy framed stream of its own
             data, _ = read_framed(data, 0, len(data), here)
-        sids, ks, vs, ve = fast.frame_group(data, here)
-        if sids.size and int(sids.max()) >= len(names):
-            header.state(int(sids.max()), here)  # raises: no such state
+        framed = fast.frame_group(data, here)
+        if framed[0].size and int(framed[0].max()) >= len(names):
+            header.state(int(framed[0].max()), here)  # raises: no such state
         arr = np.frombuffer(data, dtype=np.uint8)
-        kl = vs - 4 - ks
-        first = arr[ks].astype(np.int64) & ~META_DATA_FOLLOWS_FLAG & 0xFF
-        old_kg = first if old_p == 1 else (first << 8) | arr[ks + 1]
-        sid = out_sid[sids]
-        keep = (sid >= 0) & (old_kg >= task.key_groups.start) & (old_kg <= task.key_groups.end)
-        keep &= kl >= old_p
-        values: list[bytes] | None = None
-        for state, ttl in op.ttl.items():
-            rows = sid == state
-            if not rows.any():
+        # the columns built _SLICE_ROWS records at a time: a task's working memory beyond the
+        # key group's bytes and framing stays the same however large a key group grows
+        for lo in range(0, len(framed[0]), _SLICE_ROWS):
+            sids, ks, vs, ve = (a[lo : lo + _SLICE_ROWS] for a in framed)
+            kl = vs - 4 - ks
+            first = arr[ks].astype(np.int64) & ~META_DATA_FOLLOWS_FLAG & 0xFF
+            old_kg = first if old_p == 1 else (first << 8) | arr[ks + 1]
+            sid = out_sid[sids]
+            keep = (sid >= 0) & (old_kg >= task.key_groups.start) & (old_kg <= task.key_groups.end)
+            keep &= kl >= old_p
+            values: list[bytes] | None = None
+            for state, ttl in op.ttl.items():
+                rows = sid == state
+                if not rows.any():
+                    continue
+                ttl_kind = op.ttl_kinds[state]
+                if ttl_kind in ("value", "map"):
+                    off = 0 if ttl_kind == "value" else 1
+                    fits = ve - vs >= off + 8
+                    start = np.where(fits, vs + off, 0)
+                    ts = arr[start[:, None] + np.arange(8)].copy().view(">i8").ravel()
+                    expired = fits & (ts.astype(np.int64) <= at - ttl)
+                    if ttl_kind == "map":
+                        expired &= arr[np.minimum(vs, len(arr) - 1)] == 0
+                    keep &= ~(rows & expired)
+                else:
+                    ser = list_elements[state]
+                    assert isinstance(ser, ListSerializer) and isinstance(
+                        ser.element, TtlSerializer
+                    )
+                    if values is None:
+                        values = [data[a:b] for a, b in zip(vs.tolist(), ve.tolist(), strict=True)]
+                    for i in np.flatnonzero(rows & keep).tolist():
+                        kept = _list_survivors(values[i], ser.element, ttl, at, here)
+                        values[i] = kept
+                        if not kept:
+                            keep[i] = False
+            idx = np.flatnonzero(keep)
+            if not idx.size:
                 continue
-            ttl_kind = op.ttl_kinds[state]
-            if ttl_kind in ("value", "map"):
-                off = 0 if ttl_kind == "value" else 1
-                fits = ve - vs >= off + 8
-                start = np.where(fits, vs + off, 0)
-                ts = arr[start[:, None] + np.arange(8)].copy().view(">i8").ravel()
-                expired = fits & (ts.astype(np.int64) <= at - ttl)
-                if ttl_kind == "map":
-                    expired &= arr[np.minimum(vs, len(arr) - 1)] == 0
-                keep &= ~(rows & expired)
+            ks, kl, vs, ve, sid = ks[idx], kl[idx], vs[idx], ve[idx], sid[idx]
+            if hasher is not None:
+                start = ks + old_p + 8 * timers[sids[idx]]
+                codes, ok = fast.scalar_codes(kind, arr, start, ks + kl)
+                for i in np.flatnonzero(~ok).tolist():
+                    a, b = int(ks[i]), int(ks[i] + kl[i])
+                    codes[i] = hasher(Buf(data[a:b], int(start[i]) - a, where=here))
+                groups = fast.new_groups(codes, new_max)
             else:
-                ser = list_elements[state]
-                assert isinstance(ser, ListSerializer) and isinstance(ser.element, TtlSerializer)
-                if values is None:
-                    values = [data[a:b] for a, b in zip(vs.tolist(), ve.tolist(), strict=True)]
-                for i in np.flatnonzero(rows & keep).tolist():
-                    kept = _list_survivors(values[i], ser.element, ttl, at, here)
-                    values[i] = kept
-                    if not kept:
-                        keep[i] = False
-        idx = np.flatnonzero(keep)
-        if not idx.size:
-            continue
-        ks, kl, vs, ve, sid = ks[idx], kl[idx], vs[idx], ve[idx], sid[idx]
-        if hasher is not None:
-            start = ks + old_p + 8 * timers[sids[idx]]
-            codes, ok = fast.scalar_codes(kind, arr, start, ks + kl)
-            for i in np.flatnonzero(~ok).tolist():
-                a, b = int(ks[i]), int(ks[i] + kl[i])
-                codes[i] = hasher(Buf(data[a:b], int(start[i]) - a, where=here))
-            groups = fast.new_groups(codes, new_max)
-        else:
-            groups = old_kg[idx].astype(np.int32)
-        key = fast.gather(arr, ks + old_p, kl - old_p)
-        if values is None:
-            value = fast.gather(arr, vs, ve - vs)
-        else:
-            value = pa.array([values[i] for i in idx.tolist()], pa.binary())
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array(parts_of[groups], pa.int32()),
-                pa.array(groups, pa.int32()),
-                pa.array(sid.astype(np.int16), pa.int16()),
-                key,
-                value,
-            ],
-            schema=SCHEMA,
-        )
-        for lo in range(0, batch.num_rows, _BATCH_ROWS):
-            yield batch.slice(lo, _BATCH_ROWS)
+                groups = old_kg[idx].astype(np.int32)
+            key = fast.gather(arr, ks + old_p, kl - old_p)
+            if values is None:
+                value = fast.gather(arr, vs, ve - vs)
+            else:
+                value = pa.array([values[i] for i in idx.tolist()], pa.binary())
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    pa.array(parts_of[groups], pa.int32()),
+                    pa.array(groups, pa.int32()),
+                    pa.array(sid.astype(np.int16), pa.int16()),
+                    key,
+                    value,
+                ],
+                schema=SCHEMA,
+            )
+            yield batch
 
 
 def _batch(
@@ -323,17 +331,23 @@ def write_part(
                 return
             offsets[current_kg - kgr.start] = pos
             rows = pa.Table.from_batches(group).combine_chunks()
-            sid = rows.column("state").chunk(0).to_numpy().astype(np.int64)
-            chunk = fast.assemble_group(
-                current_kg,
-                prefix_len,
-                sid,
-                rows.column("key").chunk(0),
-                rows.column("value").chunk(0),
-            )
-            f.write(chunk)
-            pos += len(chunk)
             group.clear()
+            sid = rows.column("state").chunk(0).to_numpy().astype(np.int64)
+            key, value = rows.column("key").chunk(0), rows.column("value").chunk(0)
+            n = len(sid)
+            for lo in range(0, n, _SLICE_ROWS):
+                hi = min(lo + _SLICE_ROWS, n)
+                chunk = fast.assemble_group(
+                    current_kg,
+                    prefix_len,
+                    sid[lo:hi],
+                    key.slice(lo, hi - lo),
+                    value.slice(lo, hi - lo),
+                    head=lo == 0,
+                    following=int(sid[hi]) if hi < n else END_OF_KEY_GROUP_MARK,
+                )
+                f.write(chunk)
+                pos += len(chunk)
 
         for batch in batches:
             if not batch.num_rows:

@@ -6,6 +6,7 @@ bytes assembled from Arrow columns in one pass."""
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,10 +99,8 @@ def frame_group(data: bytes, where: str) -> tuple[np.ndarray, np.ndarray, np.nda
     arr = np.frombuffer(data, dtype=np.uint8)
     lens = np.ndarray((n - 3,), dtype=">i4", buffer=data, strides=(1,))
     chunks: list[tuple[Any, Any, Any, Any]] = []
-    sids: list[int] = []
-    keys: list[int] = []
-    values: list[int] = []
-    ends: list[int] = []
+    # 8 bytes a record each (a list of ints would hold an object per record)
+    sids, keys, values, ends = array("q"), array("q"), array("q"), array("q")
     add_k, add_v, add_e, add_s = keys.append, values.append, ends.append, sids.append
     flag = META_DATA_FOLLOWS_FLAG
     sid = _U16(data, 0)[0]
@@ -150,7 +149,7 @@ def frame_group(data: bytes, where: str) -> tuple[np.ndarray, np.ndarray, np.nda
                 at = at[:taken]
                 vals = at + 8 + kl
                 chunks.append((np.full(taken, sid, np.int64), at + 4, vals, vals + vl))
-                sids, keys, values, ends = [], [], [], []
+                sids, keys, values, ends = array("q"), array("q"), array("q"), array("q")
                 add_k, add_v, add_e, add_s = keys.append, values.append, ends.append, sids.append
                 pos += taken * step
             prev_kl, prev_vl = kl, vl

@@ -330,19 +330,19 @@ def write_part(
             if not group:
                 return
             offsets[current_kg - kgr.start] = pos
-            rows = pa.Table.from_batches(group).combine_chunks()
+            rows = pa.Table.from_batches(group)  # no copy: each slice is combined on its own
             group.clear()
-            sid = rows.column("state").chunk(0).to_numpy().astype(np.int64)
-            key, value = rows.column("key").chunk(0), rows.column("value").chunk(0)
+            sid = rows.column("state").to_numpy().astype(np.int64)
             n = len(sid)
             for lo in range(0, n, _SLICE_ROWS):
                 hi = min(lo + _SLICE_ROWS, n)
+                piece = rows.slice(lo, hi - lo).combine_chunks()
                 chunk = fast.assemble_group(
                     current_kg,
                     prefix_len,
                     sid[lo:hi],
-                    key.slice(lo, hi - lo),
-                    value.slice(lo, hi - lo),
+                    piece.column("key").chunk(0),
+                    piece.column("value").chunk(0),
                     head=lo == 0,
                     following=int(sid[hi]) if hi < n else END_OF_KEY_GROUP_MARK,
                 )

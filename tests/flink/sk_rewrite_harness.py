@@ -14,18 +14,21 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from state_engine.flink.keyed_state import ProxyHeader
 from state_engine.flink.metadata import OperatorState, read_metadata
 from state_engine.flink.rewrite import RewriteOptions, rewrite_local
 from state_engine.flink.rewrite.ids import operator_id_of_uid
 from state_engine.flink.rewrite.source import handle_header, source_records
 from state_engine.flink.serializers import Buf
 from state_engine.flink.snapshot_state import snapshot_entries
+from state_engine.keygroups import assign_to_key_group
 
 HARNESS = Path(__file__).parent / "java" / "RewriteHarness.java"
 N = 600  # records the source job processes before its snapshot
@@ -243,33 +246,38 @@ def _expire(case: Case, src: Path, at: int) -> None:
 
 def _ttl_elements(snapshot: Path, state: str) -> dict[tuple[str, Any], list[tuple[int, int]]]:
     """(uid, key) -> [(value, lastAccessTimestamp)] of every element of TTL list ``state``."""
-    meta = read_metadata(str(snapshot))
     out: dict[tuple[str, Any], list[tuple[int, int]]] = {}
-    for op in meta.operators:
+    for op, header, name, key, value in keyed_records(snapshot, "ttl"):
+        if name != state:
+            continue
+        info = header.by_name()[state]
+        k = header.key_serializer.read(Buf(key, 1 if op.max_parallelism <= 128 else 2))
+        buf = Buf(value)
+        elems = []
+        while buf.pos < buf.end:
+            v = info.value_serializer.element.read(buf)  # type: ignore[attr-defined]
+            elems.append((v.value, v.timestamp))
+            if buf.pos < buf.end:
+                buf.u8()
+        out[(uid_of(op), k)] = elems
+    return out
+
+
+def keyed_records(
+    snapshot: Path, where: str
+) -> Iterator[tuple[OperatorState, ProxyHeader, str, bytes, bytes]]:
+    """``(operator, its handle's header, state, key, value)`` of every keyed record of
+    ``snapshot``, as the rewrite reads them."""
+    for op in read_metadata(str(snapshot)).operators:
         for st in op.subtasks:
             kh = st.managed_keyed_state
             if kh is None:
                 continue
-            header, _ = handle_header(kh, "ttl")
-            info = header.by_name().get(state)
-            if info is None:
-                continue
-            p = 1 if op.max_parallelism <= 128 else 2
+            header, _ = handle_header(kh, where)
             for name, key, value in source_records(
-                kh, header, op.max_parallelism, kh.key_groups, "ttl"
+                kh, header, op.max_parallelism, kh.key_groups, where
             ):
-                if name != state:
-                    continue
-                k = header.key_serializer.read(Buf(key, p))
-                buf = Buf(value)
-                elems = []
-                while buf.pos < buf.end:
-                    v = info.value_serializer.element.read(buf)  # type: ignore[attr-defined]
-                    elems.append((v.value, v.timestamp))
-                    if buf.pos < buf.end:
-                        buf.u8()
-                out[(uid_of(op), k)] = elems
-    return out
+                yield op, header, name, key, value
 
 
 def _uid_of(e: Any) -> str:
@@ -315,22 +323,12 @@ def state_by_key(snapshot: Path) -> dict[tuple[str, Any], dict[str, Any]]:
 
 def timers_of(snapshot: Path) -> set[tuple[str, Any, int]]:
     """(operator uid, key, timestamp) of every event-time timer in the snapshot."""
-    meta = read_metadata(str(snapshot))
     out = set()
-    for op in meta.operators:
-        for st in op.subtasks:
-            kh = st.managed_keyed_state
-            if kh is None:
-                continue
-            header, _ = handle_header(kh, "timers")
-            states = header.by_name()
-            for name, key, _ in source_records(
-                kh, header, op.max_parallelism, kh.key_groups, "timers"
-            ):
-                if name == "_timer_state/event_user-timers":
-                    p = 1 if op.max_parallelism <= 128 else 2
-                    timer = states[name].value_serializer.read(Buf(key, p))
-                    out.add((uid_of(op), timer["key"], timer["timestamp"]))
+    for op, header, name, key, _ in keyed_records(snapshot, "timers"):
+        if name == "_timer_state/event_user-timers":
+            p = 1 if op.max_parallelism <= 128 else 2
+            timer = header.by_name()[name].value_serializer.read(Buf(key, p))
+            out.add((uid_of(op), timer["key"], timer["timestamp"]))
     return out
 
 
@@ -355,6 +353,31 @@ def assert_restored(case: Case) -> None:
     assert case.expected, "no state to compare"
     assert normal(case.got) == normal(case.expected)
     assert case.fired == case.timers
+
+
+def assert_rescaled(case: Case, max_parallelism: int) -> None:
+    """Every operator got the new max parallelism, every key sits in its new key group (read
+    back by the readers), and the restore at it reported every key and timer."""
+    written = read_metadata(str(case.out))
+    changed = case.report["max_parallelism_changed"]
+    # uids where _metadata has them (version 5); OperatorIDs, named by uid here, where not
+    names = set(changed) if any(op.uid for op in written.operators) else named(changed)
+    assert names >= {"agg-str", "agg-long", "src", "sink"}
+    assert len(case.expected) > 50 and len(case.timers) == len(case.expected)
+    for op, _, e in snapshot_entries(written):
+        assert e.key_group == assign_to_key_group(e.key, max_parallelism), (uid_of(op), e)
+    assert_restored(case)
+
+
+def assert_switched(case: Case, checkpoint: Path) -> None:
+    """A RocksDB incremental checkpoint came out a canonical savepoint, restored into hashmap."""
+    meta = read_metadata(str(checkpoint))
+    assert meta.kind == "checkpoint"
+    kinds = {kh.type for op in meta.operators for st in op.subtasks for kh in st.keyed_handles}
+    assert kinds == {"incremental"}
+    written = read_metadata(str(case.out))
+    assert (written.kind, written.format) == ("savepoint", "canonical")
+    assert_restored(case)
 
 
 def assert_ttl_leaves_no_trace(case: Case) -> None:

@@ -16,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from state_engine.flink.metadata import read_metadata
-from state_engine.flink.snapshot_state import snapshot_entries
-from state_engine.keygroups import assign_to_key_group
 from tests.fixtures.flink_cluster import flink_home
 
 from .sk_rewrite_harness import (
     Case,
     Harness,
+    assert_rescaled,
     assert_restored,
     assert_sql_continues,
+    assert_switched,
     assert_ttl_leaves_no_trace,
     compile_harness,
     produce_sources,
@@ -53,26 +52,13 @@ def restored(harness: Harness, sources: dict[str, Path]) -> dict[str, Case]:
 def test_rescale_to_new_max_parallelism_restores_every_key_on_rocksdb(
     restored: dict[str, Case],
 ) -> None:
-    case = restored["rescale"]
-    assert set(case.report["max_parallelism_changed"]) >= {"agg-str", "agg-long", "src", "sink"}
-    assert len(case.expected) > 50 and len(case.timers) == len(case.expected)
-    # the rewritten keys sit in their new key groups (read back by the readers)
-    for op, _, e in snapshot_entries(read_metadata(str(case.out))):
-        assert e.key_group == assign_to_key_group(e.key, 300), (op.uid, e)
-    assert_restored(case)
+    assert_rescaled(restored["rescale"], 300)
 
 
 def test_rocksdb_incremental_checkpoint_written_canonical_restores_into_hashmap(
     restored: dict[str, Case], sources: dict[str, Path]
 ) -> None:
-    meta = read_metadata(str(sources["rk"]))
-    assert meta.kind == "checkpoint"
-    kinds = {kh.type for op in meta.operators for st in op.subtasks for kh in st.keyed_handles}
-    assert kinds == {"incremental"}
-    case = restored["switch"]
-    written = read_metadata(str(case.out))
-    assert (written.kind, written.format) == ("savepoint", "canonical")
-    assert_restored(case)
+    assert_switched(restored["switch"], sources["rk"])
 
 
 def test_ttl_cleanup_drops_exactly_the_expired_entries(restored: dict[str, Case]) -> None:

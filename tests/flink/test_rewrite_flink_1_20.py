@@ -17,17 +17,16 @@ import pytest
 
 from state_engine.flink.metadata import read_metadata
 from state_engine.flink.rewrite.ids import operator_id_of_uid
-from state_engine.flink.snapshot_state import snapshot_entries
-from state_engine.keygroups import assign_to_key_group
 
 from .sk_rewrite_harness import (
     Case,
     Harness,
+    assert_rescaled,
     assert_restored,
     assert_sql_continues,
+    assert_switched,
     assert_ttl_leaves_no_trace,
     compile_harness,
-    named,
     produce_sources,
     rewrite_and_restore,
 )
@@ -69,22 +68,13 @@ def test_every_rewrite_of_a_1_20_snapshot_is_a_version_4_canonical_savepoint(
 def test_rescale_to_new_max_parallelism_restores_every_key_on_rocksdb(
     restored: dict[str, Case],
 ) -> None:
-    case = restored["rescale"]
-    assert named(case.report["max_parallelism_changed"]) >= {"agg-str", "agg-long", "src", "sink"}
-    assert len(case.expected) > 50 and len(case.timers) == len(case.expected)
-    for op, _, e in snapshot_entries(read_metadata(str(case.out))):
-        assert e.key_group == assign_to_key_group(e.key, 300), (op.operator_id, e)
-    assert_restored(case)
+    assert_rescaled(restored["rescale"], 300)
 
 
 def test_rocksdb_incremental_checkpoint_written_canonical_restores_into_hashmap(
     restored: dict[str, Case], sources: dict[str, Path]
 ) -> None:
-    meta = read_metadata(str(sources["rk"]))
-    assert meta.kind == "checkpoint"
-    kinds = {kh.type for op in meta.operators for st in op.subtasks for kh in st.keyed_handles}
-    assert kinds == {"incremental"}
-    assert_restored(restored["switch"])
+    assert_switched(restored["switch"], sources["rk"])
 
 
 def test_ttl_cleanup_drops_exactly_the_expired_entries(restored: dict[str, Case]) -> None:

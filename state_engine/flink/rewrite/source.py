@@ -181,7 +181,7 @@ def _heap_records(
         for _ in range(len(header.states)):
             if header.compression:
                 plain, buf.pos = read_framed(data, buf.pos, end, here)
-                section = Buf(plain, 0, where=f"{where} key group {kg} (decompressed)")
+                section = Buf(plain, 0, where=f"{here} (decompressed)")
                 yield from _heap_section(header, section, prefix, where)
             else:
                 yield from _heap_section(header, buf, prefix, where)
